@@ -1,0 +1,275 @@
+"""Handing batches to trainers: formation, the legacy pop-on-read, leases and acks.
+
+Batches are formed lazily, one per request, from the oldest data. The step counts
+batches *committed* to a trainer: +1 per legacy ``GET /batch`` and per acknowledged
+lease. A lease that is not acknowledged in time (or is nacked) puts its groups back at
+the head of the queue in their original order; groups whose leases keep expiring are
+dead-lettered after ``--max-redeliveries`` attempts instead of circling forever.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Iterator, Optional
+
+from atroposlib.api.errors import ApiError
+from atroposlib.api.packing import pick_exact, pick_fifo_subset, pick_with_minimums
+from atroposlib.api.queue import Entry
+from atroposlib.api.state import Lease, RunState
+
+log = logging.getLogger("atroposlib.api")
+
+
+class Dispatcher:
+    """Forms batches from a `RunState` and tracks their delivery."""
+
+    def __init__(self, state: RunState) -> None:
+        self.state = state
+        self._unpackable_cache: tuple[int, int, Optional[str]] = (-1, -1, None)
+
+    # -- formation ----------------------------------------------------------------------
+    def _form(self) -> Optional[list[Entry]]:
+        """Pick the groups of the next batch (not yet removed from the queue)."""
+        state = self.state
+        batch_size = state.batch_size
+        queue = state.queue
+        if batch_size <= 0 or queue.sizes.total < batch_size:
+            return None
+        has_minimums = any(e.min_batch_allocation is not None for e in state.envs)
+        if has_minimums:
+            entries = list(queue)
+            picked = pick_with_minimums(
+                [e.size for e in entries], [e.env_id for e in entries], batch_size,
+                self._live_minimums(),
+            )
+        else:
+            entries = []
+            picked = pick_exact(
+                _sizes_into(queue, entries), batch_size, queue.sizes.largest(), queue.sizes.total
+            )
+        if picked is None:
+            return self._fallback(batch_size)
+        return [entries[i] for i in picked]
+
+    def _live_minimums(self) -> dict[int, float]:
+        return {
+            e.registered_id: e.min_batch_allocation
+            for e in self.state.envs
+            if e.connected and e.min_batch_allocation is not None
+        }
+
+    def _fallback(self, batch_size: int) -> Optional[list[Entry]]:
+        """Oldest-first exact packing once the oldest group has waited out the grace."""
+        state = self.state
+        oldest = state.queue.oldest()
+        if oldest is None or state.clock() - oldest.t < state.settings.starvation_grace:
+            return None
+        entries = list(state.queue)
+        minimums = self._live_minimums()
+        if minimums:
+            honoured = _fallback_with_minimums(entries, batch_size, minimums)
+            if honoured is not None:
+                return honoured
+        picked = pick_fifo_subset([e.size for e in entries], batch_size)
+        if picked is None:
+            return None
+        if minimums:
+            state.metrics.min_allocation_waived.inc()
+        log.info("fallback packer formed a batch of %d groups", len(picked))
+        return [entries[i] for i in picked]
+
+    def _take(self, entries: list[Entry]) -> None:
+        state = self.state
+        state.queue.take(e.seq for e in entries)
+        state.bump_queue()
+        oldest = min(e.t for e in entries)
+        state.metrics.batch_wait.observe(max(0.0, state.clock() - oldest))
+
+    def _new_batch_id(self) -> str:
+        self.state.batch_counter += 1
+        return f"b-{self.state.batch_counter:06d}"
+
+    def unpackable_reason(self) -> Optional[str]:
+        """Why queued groups can never form a batch, when that is so (cached per change)."""
+        state = self.state
+        version, batch_size, reason = self._unpackable_cache
+        if version == state.queue_version and batch_size == state.batch_size:
+            return reason
+        reason = None
+        if 0 < state.batch_size <= state.queue.sizes.total:
+            sizes = [e.size for e in state.queue]
+            if pick_fifo_subset(sizes, state.batch_size) is None:
+                reason = (
+                    f"batch_size {state.batch_size} is not reachable from group sizes "
+                    f"{sorted(set(sizes))}"
+                )
+        self._unpackable_cache = (state.queue_version, state.batch_size, reason)
+        return reason
+
+    # -- legacy pop-on-read -------------------------------------------------------------------
+    def pop_batch(self) -> Optional[list[bytes]]:
+        """Form, commit and return one batch (``GET /batch``), or None."""
+        state = self.state
+        with state.journal.transaction():
+            entries = self._form()
+            if entries is None:
+                return None
+            self._take(entries)
+            self._commit(entries, self._new_batch_id())
+            state.journal.set_meta("batch_counter", state.batch_counter)
+            payloads = state.journal.item_payloads([e.seq for e in entries])
+        state.metrics.batches_served.labels(mode="get").inc()
+        return payloads
+
+    def _commit(self, entries: list[Entry], batch_id: str) -> None:
+        state = self.state
+        state.step += 1
+        for entry in entries:
+            state.pending.remove(entry)
+        state.journal.move_items(
+            ((e.seq, None) for e in entries), "served", batch_id, state.step, state.clock()
+        )
+        state.journal.set_meta("step", state.step)
+
+    # -- leases -------------------------------------------------------------------------------
+    def lease_batch(self, lease_seconds: float, client_id: Optional[str]) -> Optional[tuple[Lease, list[bytes]]]:
+        state = self.state
+        with state.journal.transaction():
+            entries = self._form()
+            if entries is None:
+                return None
+            self._take(entries)
+            lease = Lease(
+                batch_id=self._new_batch_id(),
+                seqs=[e.seq for e in entries],
+                expires_at=state.clock() + lease_seconds,
+                step=state.step,
+                client_id=client_id,
+                entries=entries,
+            )
+            state.leases[lease.batch_id] = lease
+            state.journal.move_items(((s, None) for s in lease.seqs), "leased", lease.batch_id)
+            state.journal.save_lease(lease.batch_id, lease.record())
+            state.journal.set_meta("batch_counter", state.batch_counter)
+            payloads = state.journal.item_payloads(lease.seqs)
+        state.metrics.batches_served.labels(mode="lease").inc()
+        return lease, payloads
+
+    def _lease(self, batch_id: str) -> Lease:
+        self.expire_leases()
+        lease = self.state.leases.get(batch_id)
+        if lease is None:
+            raise ApiError(404, "lease_not_found", f"no batch {batch_id!r} was leased", {"batch_id": batch_id})
+        return lease
+
+    def ack(self, batch_id: str) -> dict[str, Any]:
+        state = self.state
+        lease = self._lease(batch_id)
+        if lease.state == "acked":
+            return {"status": "already_acked", "current_step": state.step}
+        if lease.state != "leased":
+            raise ApiError(
+                410, "lease_expired",
+                f"batch {batch_id} was {lease.state} and its groups went back to the queue",
+                {"batch_id": batch_id, "state": lease.state},
+            )
+        with state.journal.transaction():
+            self._commit(lease.entries, batch_id)
+            self._settle(lease, "acked")
+        return {"status": "acked", "current_step": state.step}
+
+    def nack(self, batch_id: str) -> dict[str, Any]:
+        state = self.state
+        lease = self._lease(batch_id)
+        if lease.state == "acked":
+            raise ApiError(409, "lease_settled", f"batch {batch_id} was already acknowledged")
+        if lease.state != "leased":
+            return {"status": lease.state, "current_step": state.step}
+        with state.journal.transaction():
+            self._requeue(lease.entries)
+            self._settle(lease, "nacked")
+        return {"status": "nacked", "current_step": state.step}
+
+    def expire_leases(self) -> None:
+        state = self.state
+        now = state.clock()
+        for lease in list(state.leases.values()):
+            if lease.state != "leased" or lease.expires_at > now:
+                continue
+            limit = state.settings.max_redeliveries
+            for entry in lease.entries:
+                entry.expirations += 1
+            dead = [e for e in lease.entries if e.expirations >= limit]
+            alive = [e for e in lease.entries if e.expirations < limit]
+            with state.journal.transaction():
+                state.journal.count_expirations(lease.seqs)
+                self._requeue(alive)
+                for entry in dead:
+                    state.pending.remove(entry)
+                state.journal.move_items(((e.seq, None) for e in dead), "dead", lease.batch_id)
+                self._settle(lease, "expired")
+            state.metrics.lease_expired.inc()
+            log.warning(
+                "lease %s expired: %d group(s) back in the queue, %d dead-lettered",
+                lease.batch_id, len(alive), len(dead),
+            )
+
+    def _requeue(self, entries: list[Entry]) -> None:
+        state = self.state
+        positions = state.queue.push_front(entries)
+        state.journal.move_items(zip((e.seq for e in entries), positions), "queued")
+        state.bump_queue()
+
+    def _settle(self, lease: Lease, outcome: str) -> None:
+        lease.state = outcome
+        lease.settled_at = self.state.clock()
+        lease.entries = []
+        self.state.journal.save_lease(lease.batch_id, lease.record())
+
+    def forget_old_history(self) -> None:
+        """Drop settled leases and served groups older than `--served-retention`."""
+        state = self.state
+        cutoff = state.clock() - state.settings.served_retention
+        old = [
+            l.batch_id for l in state.leases.values()
+            if l.settled_at is not None and l.settled_at < cutoff
+        ]
+        with state.journal.transaction():
+            for batch_id in old:
+                del state.leases[batch_id]
+                state.journal.drop_lease(batch_id)
+            state.journal.forget_served_before(cutoff, state.latest_seq)
+
+
+def _sizes_into(entries: Any, seen: list[Entry]) -> Iterator[int]:
+    """Yield sizes of `entries` in order, remembering each entry read in `seen`."""
+    for entry in entries:
+        seen.append(entry)
+        yield entry.size
+
+
+def _fallback_with_minimums(
+    entries: list[Entry], batch_size: int, minimums: dict[int, float]
+) -> Optional[list[Entry]]:
+    """Give each env its minimum share from its oldest groups, then complete the batch
+    with the oldest exact subset of the rest; None when that is infeasible."""
+    chosen: set[int] = set()
+    taken = 0
+    for env_id, share in minimums.items():
+        quota, env_taken = int(batch_size * share), 0
+        for index, entry in enumerate(entries):
+            if env_taken >= quota:
+                break
+            if entry.env_id == env_id:
+                chosen.add(index)
+                env_taken += entry.size
+                taken += entry.size
+    if taken > batch_size:
+        return None
+    rest = [i for i in range(len(entries)) if i not in chosen]
+    if taken < batch_size:
+        completion = pick_fifo_subset([entries[i].size for i in rest], batch_size - taken)
+        if completion is None:
+            return None
+        chosen.update(rest[i] for i in completion)
+    return [entries[i] for i in sorted(chosen)]

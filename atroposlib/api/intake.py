@@ -1,0 +1,203 @@
+"""Accepting scored groups: validation, idempotency and the mixed-size buffers.
+
+A group whose size differs from its env's registered ``group_size`` waits in that env's
+buffer until buffered groups add up to exactly one group's worth; they are then queued
+individually (Atropos's rule). Unlike Atropos, nothing stays buffered forever: larger
+groups are queued at once, and the buffer is flushed by age and by size.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from typing import Any, Optional
+
+import orjson
+
+from atroposlib.api.packing import subset_indices_summing_to
+from atroposlib.api.queue import Entry
+from atroposlib.api.errors import BodyInvalid
+from atroposlib.api.state import RunState
+from atroposlib.wire import ITEM_KEYS, PER_SEQUENCE_AUX_KEYS, ScoredData
+
+log = logging.getLogger("atroposlib.api")
+
+_ITEM_FIELDS = set(ITEM_KEYS)
+MAX_REMEMBERED_SUBMISSIONS = 1_000_000
+
+
+def check_group(group: ScoredData, level: str, env_known: bool, where: str = "body") -> list[str]:
+    """Cross-field checks of one group (see `--validation`).
+
+    Inconsistent token/mask/score lengths, non-finite scores and negative env ids raise
+    a 422 in every level but ``off``; auxiliary-array length mismatches and unknown env
+    ids are returned as warnings, or raise in ``strict``.
+    """
+    if level == "off":
+        return []
+    hard: list[tuple[str, str]] = []
+    count = len(group.tokens)
+    if count == 0:
+        hard.append(("tokens", "a group needs at least one sequence"))
+    if len(group.masks) != count:
+        hard.append(("masks", f"{len(group.masks)} mask lists for {count} token lists"))
+    if len(group.scores) != count:
+        hard.append(("scores", f"{len(group.scores)} scores for {count} sequences"))
+    for i, (tokens, mask) in enumerate(zip(group.tokens, group.masks)):
+        if len(tokens) != len(mask):
+            hard.append((f"masks.{i}", f"{len(mask)} labels for {len(tokens)} tokens"))
+            break
+    if group.env_id is not None and group.env_id < 0:
+        hard.append(("env_id", "must not be negative"))
+    _raise_if_any(hard, where)
+    soft: list[tuple[str, str]] = []
+    for key in PER_SEQUENCE_AUX_KEYS:
+        value = getattr(group, key)
+        if value is not None and len(value) != count:
+            soft.append((key, f"{len(value)} entries for {count} sequences"))
+    if group.env_id is not None and not env_known:
+        soft.append(("env_id", f"{group.env_id} is not a registered env"))
+    if level == "strict":
+        _raise_if_any(soft, where)
+    return [f"{where}.{field}: {message}" for field, message in soft]
+
+
+def _raise_if_any(problems: list[tuple[str, str]], where: str) -> None:
+    if problems:
+        raise BodyInvalid([
+            {"type": "value_error", "loc": [*where.split("."), *field.split(".")], "msg": message}
+            for field, message in problems
+        ])
+
+
+class Intake:
+    """Stores submitted groups into a `RunState`."""
+
+    def __init__(self, state: RunState) -> None:
+        self.state = state
+
+    def submit(self, group: ScoredData, key: Optional[str], where: str = "body") -> dict[str, Any]:
+        """Store one group; the caller holds the journal transaction."""
+        state = self.state
+        if key is not None and key in state.responses:
+            self._count(group.env_id, "duplicate")
+            return {**orjson.loads(state.responses[key][1]), "duplicate": True}
+        env_index = state.env_index(group.env_id)
+        warnings = check_group(group, state.settings.validation, env_index is not None, where)
+        payload = group.model_dump_json(include=_ITEM_FIELDS).encode()
+        entry = Entry(state.next_seq, len(group.tokens), group.env_id, state.clock())
+        state.next_seq += 1
+        if env_index is None or entry.size == state.envs[env_index].group_size:
+            response = self._queue_new(entry, payload)
+        elif entry.size > state.envs[env_index].group_size:
+            warnings.append(
+                f"group of {entry.size} sequences is larger than env {env_index}'s "
+                f"group_size {state.envs[env_index].group_size}: queued as it is"
+            )
+            response = self._queue_new(entry, payload)
+        else:
+            response = self._buffer(env_index, entry, payload)
+        state.touch_env(env_index)
+        if warnings:
+            response["warnings"] = warnings
+        if key is not None:
+            self.remember(key, response)
+        return response
+
+    def _queue_new(self, entry: Entry, payload: bytes) -> dict[str, Any]:
+        state = self.state
+        pos = state.queue.append(entry)
+        state.pending.add(entry)
+        state.journal.insert_item(entry.seq, pos, "queued", entry.env_id, entry.size, entry.t, payload)
+        self._set_latest(entry.seq)
+        state.bump_queue()
+        self._count(entry.env_id, "received")
+        return {"status": "received"}
+
+    def _buffer(self, env_index: int, entry: Entry, payload: bytes) -> dict[str, Any]:
+        state = self.state
+        buffer = state.buffers.setdefault(env_index, OrderedDict())
+        buffer[entry.seq] = entry
+        state.journal.insert_item(entry.seq, None, "buffered", env_index, entry.size, entry.t, payload)
+        target = state.envs[env_index].group_size
+        waiting = list(buffer.values())
+        picked = subset_indices_summing_to([e.size for e in waiting], target)
+        self._move_to_queue(env_index, [waiting[i] for i in picked])
+        self._enforce_buffer_cap(env_index, target)
+        self._count(env_index, "buffered")
+        return {"status": "buffered", "buffer_size": state.buffered_sequences(env_index)}
+
+    def _move_to_queue(self, env_index: int, entries: list[Entry]) -> None:
+        state = self.state
+        buffer = state.buffers[env_index]
+        moves = []
+        for entry in entries:
+            del buffer[entry.seq]
+            moves.append((entry.seq, state.queue.append(entry)))
+            state.pending.add(entry)
+        if moves:
+            state.journal.move_items(moves, "queued")
+            self._set_latest(entries[-1].seq)
+            state.bump_queue()
+
+    def _enforce_buffer_cap(self, env_index: int, target: int) -> None:
+        cap = self.state.settings.max_buffered_sequences or 16 * target
+        buffer = self.state.buffers[env_index]
+        overflow: list[Entry] = []
+        held = sum(e.size for e in buffer.values())
+        for entry in buffer.values():
+            if held <= cap:
+                break
+            overflow.append(entry)
+            held -= entry.size
+        self._flush(env_index, overflow, "size cap")
+
+    def flush_stale_buffers(self) -> None:
+        """Queue, as they are, buffered groups older than `--buffer-ttl`."""
+        state = self.state
+        cutoff = state.clock() - state.settings.buffer_ttl
+        for env_index, buffer in state.buffers.items():
+            stale = [e for e in buffer.values() if e.t < cutoff]
+            if stale:
+                with state.journal.transaction():
+                    self._flush(env_index, stale, "age")
+
+    def _flush(self, env_index: int, entries: list[Entry], reason: str) -> None:
+        if not entries:
+            return
+        self._move_to_queue(env_index, entries)
+        name = self.state.envs[env_index].real_name
+        self.state.metrics.buffer_flushed.labels(env=name).inc(len(entries))
+        log.info("queued %d buffered group(s) of env %s as they were (%s)", len(entries), name, reason)
+
+    def _set_latest(self, seq: int) -> None:
+        self.state.latest_seq = seq
+        self.state.journal.set_meta("latest_seq", seq)
+
+    def remember(self, key: str, response: dict[str, Any]) -> None:
+        """Answer later repeats of submission `key` with `response`."""
+        state = self.state
+        now = state.clock()
+        encoded = orjson.dumps(response)
+        state.responses[key] = (now, encoded)
+        state.journal.remember_response(key, now, encoded)
+        if len(state.responses) > MAX_REMEMBERED_SUBMISSIONS:
+            oldest, _ = state.responses.popitem(last=False)
+            state.journal.forget_responses([oldest])
+
+    def forget_old_submission_ids(self) -> None:
+        state = self.state
+        cutoff = state.clock() - state.settings.idempotency_ttl
+        expired = []
+        for key, (t, _) in state.responses.items():
+            if t >= cutoff:
+                break
+            expired.append(key)
+        if expired:
+            with state.journal.transaction():
+                for key in expired:
+                    del state.responses[key]
+                state.journal.forget_responses(expired)
+
+    def _count(self, env_id: Optional[int], status: str) -> None:
+        self.state.metrics.submissions.labels(env=self.state.env_label(env_id), status=status).inc()

@@ -1,0 +1,157 @@
+"""ASGI middleware of the trajectory API: bearer auth and request-body limits.
+
+Both are plain ASGI (no per-request task or response buffering) because they sit on
+the hot submission path.
+"""
+
+from __future__ import annotations
+
+import hmac
+import zlib
+from typing import Any, Awaitable, Callable, Optional
+
+import orjson
+
+from atroposlib.api.errors import error_body
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+async def send_error(
+    send: Send, status: int, code: str, message: str, extra_headers: Optional[list[tuple[bytes, bytes]]] = None
+) -> None:
+    body = orjson.dumps(error_body(code, message))
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers + (extra_headers or [])})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _header(scope: Scope, name: bytes) -> Optional[bytes]:
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return value
+    return None
+
+
+class BearerAuth:
+    """Require ``Authorization: Bearer <key>`` everywhere except the public paths."""
+
+    def __init__(self, app: ASGIApp, api_key: str, public_paths: set[str]) -> None:
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+        self.public_paths = public_paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] not in self.public_paths:
+            supplied = _header(scope, b"authorization") or b""
+            if not hmac.compare_digest(supplied, self.expected):
+                await send_error(
+                    send, 401, "unauthorized", "missing or wrong API key (Authorization: Bearer <key>)",
+                    [(b"www-authenticate", b"Bearer")],
+                )
+                return
+        await self.app(scope, receive, send)
+
+
+class PayloadTooLarge(Exception):
+    pass
+
+
+class InvalidGzip(Exception):
+    pass
+
+
+def gunzip_capped(data: bytes, limit: int) -> bytes:
+    """Decompress (possibly multi-member) gzip without ever producing more than `limit` bytes."""
+    out = bytearray()
+    while data:
+        decompressor = zlib.decompressobj(zlib.MAX_WBITS | 16)
+        pending = data
+        try:
+            while pending:
+                out += decompressor.decompress(pending, limit - len(out) + 1)
+                if len(out) > limit:
+                    raise PayloadTooLarge
+                pending = decompressor.unconsumed_tail
+            out += decompressor.flush()
+        except zlib.error as exc:
+            raise InvalidGzip from exc
+        if not decompressor.eof:
+            raise InvalidGzip
+        if len(out) > limit:
+            raise PayloadTooLarge
+        data = decompressor.unused_data
+    return bytes(out)
+
+
+class BodyLimits:
+    """Read the whole request body under a cap, gunzip it if it is gzip-encoded (under a
+    second cap), and hand the application the plain body."""
+
+    def __init__(
+        self, app: ASGIApp, max_body_bytes: int, max_decompressed_bytes: int,
+        on_body: Optional[Callable[[str, int], None]] = None,
+    ) -> None:
+        self.app = app
+        self.max_body = max_body_bytes
+        self.max_decompressed = max_decompressed_bytes
+        self.on_body = on_body
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = _header(scope, b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_body:
+            await send_error(send, 413, "payload_too_large", f"request body exceeds {self.max_body} bytes")
+            return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body:
+                await send_error(send, 413, "payload_too_large", f"request body exceeds {self.max_body} bytes")
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        if self.on_body is not None and body:
+            self.on_body(scope["path"], len(body))
+        encoding = (_header(scope, b"content-encoding") or b"").lower()
+        headers = list(scope.get("headers", ()))
+        if b"gzip" in encoding:
+            if body:
+                try:
+                    body = gunzip_capped(body, self.max_decompressed)
+                except PayloadTooLarge:
+                    await send_error(
+                        send, 413, "payload_too_large",
+                        f"decompressed request body exceeds {self.max_decompressed} bytes",
+                    )
+                    return
+                except InvalidGzip:
+                    await send_error(send, 400, "invalid_gzip", "Invalid gzip payload")
+                    return
+            headers = [
+                (k, v) for k, v in headers if k not in (b"content-encoding", b"content-length")
+            ] + [(b"content-length", str(len(body)).encode())]
+        scope = {**scope, "headers": headers}
+        delivered = False
+
+        async def replay() -> Message:
+            nonlocal delivered
+            if delivered:
+                return await receive()
+            delivered = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)

@@ -1,0 +1,58 @@
+"""Response helpers shared by the route modules."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Optional
+
+import orjson
+from pydantic import BaseModel, TypeAdapter, ValidationError
+from starlette.requests import Request
+from starlette.responses import Response
+
+from atroposlib.api.errors import ApiError, BodyInvalid
+from atroposlib.api.runtime import Runtime
+
+NO_STORE = {"Cache-Control": "no-store"}
+
+
+def json_response(content: Any, status: int = 200, headers: Optional[dict[str, str]] = None) -> Response:
+    try:
+        body = orjson.dumps(content)
+    except TypeError:  # integers beyond 64 bits (the trainer uuid) need the stdlib encoder
+        body = json.dumps(content).encode()
+    return Response(body, status_code=status, media_type="application/json", headers=headers)
+
+
+def batch_response(payloads: list[bytes], extra: bytes = b"") -> Response:
+    """``{<extra>"batch": [...]}`` assembled from stored item JSON without re-encoding."""
+    body = b'{' + extra + b'"batch":[' + b",".join(payloads) + b"]}"
+    return Response(body, media_type="application/json", headers=NO_STORE)
+
+
+def runtime(request: Request) -> Runtime:
+    return request.app.state.runtime()
+
+
+def parse_body(adapter: TypeAdapter[Any] | type[BaseModel], body: bytes) -> Any:
+    """Validate raw JSON bytes against a model or adapter, raising `BodyInvalid`."""
+    try:
+        if isinstance(adapter, TypeAdapter):
+            return adapter.validate_json(body)
+        return adapter.model_validate_json(body)
+    except ValidationError as exc:
+        detail = [
+            {"type": e["type"], "loc": ["body", *e["loc"]], "msg": e["msg"], "input": _short(e.get("input"))}
+            for e in exc.errors(include_url=False, include_context=False)
+        ]
+        raise BodyInvalid(detail) from None
+
+
+def _short(value: Any) -> Any:
+    text = repr(value)
+    return value if len(text) <= 200 else text[:200] + "..."
+
+
+def require_registered(runtime_: Runtime) -> None:
+    if not runtime_.state.registered:
+        raise ApiError(409, "not_registered", "no trainer has registered: call /register first")

@@ -1,0 +1,138 @@
+"""Endpoints an environment calls: registration, status polling and submissions."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import orjson
+from fastapi import APIRouter, Request
+from pydantic import TypeAdapter
+from starlette.responses import Response
+
+from atroposlib.api.errors import ApiError
+from atroposlib.api.intake import check_group
+from atroposlib.api.errors import BodyInvalid
+from atroposlib.api.responses import json_response, parse_body, runtime
+from atroposlib.wire import EnvIdentifier, RegisterEnv, ScoredData
+
+router = APIRouter()
+
+_GROUP_LIST = TypeAdapter(list[ScoredData])
+_GROUP_SCHEMA = ScoredData.model_json_schema()
+EMPTY_EXAMPLE = {
+    "tokens": [], "masks": [], "scores": [], "advantages": [], "ref_logprobs": [],
+    "generation_params": [], "inference_logprobs": [], "messages": [], "images": [],
+}
+
+
+def _json_body(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
+def _idempotency_key(request: Request) -> Optional[str]:
+    key = request.headers.get("idempotency-key")
+    if key is not None and not 0 < len(key) <= 128:
+        raise ApiError(422, "validation_error", "Idempotency-Key must be 1 to 128 characters")
+    return key
+
+
+@router.post("/register-env", summary="Register an environment process (after the trainer's first /batch)")
+async def register_env(request_body: RegisterEnv, request: Request) -> Response:
+    return json_response(runtime(request).state.register_env(request_body))
+
+
+@router.post("/disconnect-env", summary="Mark an environment as gone")
+async def disconnect_env(env: EnvIdentifier, request: Request) -> Response:
+    return json_response(runtime(request).state.disconnect_env(env.env_id))
+
+
+@router.post("/heartbeat-env", summary="Tell the server an environment is alive")
+async def heartbeat_env(env: EnvIdentifier, request: Request) -> Response:
+    state = runtime(request).state
+    if state.env_index(env.env_id) is None:
+        raise ApiError(404, "unknown_env", f"env_id {env.env_id} is not registered", {"env_id": env.env_id})
+    state.touch_env(env.env_id)
+    return json_response({"status": "ok"})
+
+
+@router.api_route(
+    "/status-env", methods=["GET", "POST"],
+    summary="Queue numbers an environment throttles itself by (JSON body or ?env_id=)",
+    openapi_extra={"requestBody": {"required": False, "content": {"application/json": {
+        "schema": EnvIdentifier.model_json_schema()}}}},
+)
+async def status_env(request: Request) -> Response:
+    body = await request.body()
+    from_body = parse_body(EnvIdentifier, body).env_id if body.strip() else None
+    raw_query = request.query_params.get("env_id")
+    from_query = None
+    if raw_query is not None:
+        try:
+            from_query = int(raw_query)
+        except ValueError:
+            raise BodyInvalid([{"type": "int_parsing", "loc": ["query", "env_id"],
+                                "msg": "Input should be a valid integer", "input": raw_query}]) from None
+    if from_body is not None and from_query is not None and from_body != from_query:
+        raise ApiError(422, "validation_error", f"env_id {from_query} in the query disagrees with {from_body} in the body")
+    env_id = from_body if from_body is not None else from_query
+    if env_id is None:
+        raise BodyInvalid([{"type": "missing", "loc": ["body", "env_id"], "msg": "Field required", "input": None}])
+    rt = runtime(request)
+    rt.housekeep()
+    return json_response(rt.state.status_env(env_id))
+
+
+@router.post("/scored_data", summary="Submit one scored group", openapi_extra=_json_body(_GROUP_SCHEMA))
+async def scored_data(request: Request) -> Response:
+    group = parse_body(ScoredData, await request.body())
+    rt = runtime(request)
+    state = rt.state
+    key = _idempotency_key(request) or group.submission_id
+    with state.journal.transaction():
+        response = rt.intake.submit(group, key)
+    return json_response(response)
+
+
+@router.post(
+    "/scored_data_list", summary="Submit several scored groups (all or none)",
+    openapi_extra=_json_body({"type": "array", "items": _GROUP_SCHEMA}),
+)
+async def scored_data_list(request: Request) -> Response:
+    groups = parse_body(_GROUP_LIST, await request.body())
+    rt = runtime(request)
+    state = rt.state
+    list_key = _idempotency_key(request)
+    if list_key is not None and list_key in state.responses:
+        return json_response({**orjson.loads(state.responses[list_key][1]), "duplicate": True})
+    for i, group in enumerate(groups):
+        check_group(group, state.settings.validation, state.env_index(group.env_id) is not None, f"body.{i}")
+    summary: dict[str, Any] = {"status": "received", "groups_processed": len(groups)}
+    buffered, duplicates, warnings = 0, 0, []
+    with state.journal.transaction():
+        for i, group in enumerate(groups):
+            result = rt.intake.submit(group, group.submission_id, f"body.{i}")
+            duplicates += bool(result.get("duplicate"))
+            warnings += result.get("warnings", [])
+            if result["status"] == "buffered":
+                buffered += 1
+                summary["last_buffer_size"] = result["buffer_size"]
+        if buffered:
+            summary["buffered"] = buffered
+        if duplicates:
+            summary["duplicates"] = duplicates
+        if warnings:
+            summary["warnings"] = warnings
+        if list_key is not None:
+            rt.intake.remember(list_key, summary)
+    return json_response(summary)
+
+
+@router.get("/latest_example", summary="The most recently queued group")
+async def latest_example(request: Request) -> Response:
+    state = runtime(request).state
+    if state.latest_seq is None:
+        return json_response(EMPTY_EXAMPLE)
+    payloads = state.journal.item_payloads([state.latest_seq])
+    if not payloads:
+        return json_response(EMPTY_EXAMPLE)
+    return Response(payloads[0], media_type="application/json")

@@ -1,0 +1,157 @@
+"""The trajectory API application: environments push scored groups, trainers pull batches.
+
+`create_app(settings)` builds an app; the module-level `app` is configured from the
+environment (``ATROPOS_API_SETTINGS`` as JSON, which `run-api --reload` uses, or the
+individual ``ATROPOS_API_*`` variables) and opens its state on first use.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import uuid
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator, Optional
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.cors import CORSMiddleware
+from starlette.middleware.gzip import GZipMiddleware
+from starlette.responses import Response
+
+from atroposlib.api import routes_env, routes_ops, routes_trainer
+from atroposlib.api.errors import ApiError, BodyInvalid, describe_validation_problems, validation_error
+from atroposlib.api.metrics import ApiMetrics
+from atroposlib.api.middleware import BearerAuth, BodyLimits
+from atroposlib.api.runtime import Runtime
+from atroposlib.api.settings import ApiSettings
+from atroposlib.api.status_math import MIN_ENV_WEIGHT
+from atroposlib.wire import EnvIdentifier, RegisterEnv, Registration, ScoredData
+
+__all__ = [
+    "MIN_ENV_WEIGHT",
+    "EnvIdentifier",
+    "RegisterEnv",
+    "Registration",
+    "ScoredData",
+    "app",
+    "create_app",
+]
+
+log = logging.getLogger("atroposlib.api")
+
+# Level 1 compresses batch JSON about 4x at a fraction of the cost of level 9.
+RESPONSE_GZIP_LEVEL = 1
+RESPONSE_GZIP_MIN_BYTES = 1000
+PUBLIC_PATHS = {"/", "/health"}
+
+
+def create_app(settings: Optional[ApiSettings] = None) -> FastAPI:
+    """A new API application; its state opens on start-up (or on the first request)."""
+    settings = settings or ApiSettings()
+    metrics = ApiMetrics()
+    holder: dict[str, Runtime] = {}
+    opening = threading.Lock()
+
+    def get_runtime() -> Runtime:
+        if "runtime" not in holder:
+            with opening:
+                if "runtime" not in holder:
+                    holder["runtime"] = Runtime(settings, metrics)
+        return holder["runtime"]
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        get_runtime()
+        yield
+        if "runtime" in holder:
+            holder.pop("runtime").close()
+
+    app = FastAPI(
+        title="AtroposLib API",
+        version="0.4.1",
+        lifespan=lifespan,
+        description="Trajectory API: environments submit scored groups, trainers take batches.",
+    )
+    app.state.runtime = get_runtime
+    app.state.settings = settings
+    app.include_router(routes_ops.router)
+    app.include_router(routes_trainer.router)
+    app.include_router(routes_env.router)
+    _install_error_handlers(app, metrics)
+    _install_middleware(app, settings, metrics)
+    return app
+
+
+def _install_middleware(app: FastAPI, settings: ApiSettings, metrics: ApiMetrics) -> None:
+    # Added innermost first: the last one added sees the request first.
+    app.add_middleware(GZipMiddleware, minimum_size=RESPONSE_GZIP_MIN_BYTES, compresslevel=RESPONSE_GZIP_LEVEL)
+    app.add_middleware(
+        BodyLimits,
+        max_body_bytes=settings.max_body_bytes,
+        max_decompressed_bytes=settings.max_decompressed_bytes,
+        on_body=lambda path, size: metrics.request_bytes.labels(endpoint=path).inc(size),
+    )
+    api_key = settings.resolved_api_key()
+    if api_key:
+        public = PUBLIC_PATHS | ({"/metrics"} if settings.metrics_public else set())
+        app.add_middleware(BearerAuth, api_key=api_key, public_paths=public)
+    origins = settings.cors_origin_list()
+    if origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=origins,
+            allow_credentials="*" not in origins,
+            allow_methods=["*"],
+            allow_headers=["*"],
+        )
+
+
+def _install_error_handlers(app: FastAPI, metrics: ApiMetrics) -> None:
+    @app.exception_handler(ApiError)
+    async def on_api_error(_: Request, exc: ApiError) -> Response:
+        metrics.rejected.labels(reason=exc.code).inc()
+        return exc.response()
+
+    @app.exception_handler(BodyInvalid)
+    async def on_body_invalid(_: Request, exc: BodyInvalid) -> Response:
+        metrics.rejected.labels(reason="validation_error").inc()
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation_error(_: Request, exc: RequestValidationError) -> Response:
+        metrics.rejected.labels(reason="validation_error").inc()
+        detail = [
+            {k: v for k, v in e.items() if k in ("type", "loc", "msg", "input")}
+            for e in exc.errors()
+        ]
+        return validation_error(detail, describe_validation_problems(detail))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http_error(_: Request, exc: StarletteHTTPException) -> Response:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return ApiError(exc.status_code, code, str(exc.detail)).response(
+            headers=getattr(exc, "headers", None)
+        )
+
+    @app.exception_handler(Exception)
+    async def on_unexpected(request: Request, exc: Exception) -> Response:
+        request_id = uuid.uuid4().hex[:12]
+        log.exception("internal error (request %s) on %s %s", request_id, request.method, request.url.path)
+        return ApiError(500, "internal_error", f"internal error; request id {request_id}",
+                        {"request_id": request_id}).response()
+
+
+def settings_from_environment() -> ApiSettings:
+    """Settings for the module-level app: ``ATROPOS_API_SETTINGS`` JSON, else defaults
+    (the API key and state dir still come from their own variables)."""
+    raw = os.environ.get("ATROPOS_API_SETTINGS")
+    data: dict[str, Any] = ApiSettings.model_validate_json(raw).model_dump() if raw else {}
+    if os.environ.get("ATROPOS_API_EPHEMERAL", "").lower() in ("1", "true", "yes"):
+        data["ephemeral"] = True
+    return ApiSettings(**data)
+
+
+app = create_app(settings_from_environment())

@@ -1,0 +1,1 @@
+"""Console entry points (`run-api`, ...): thin wrappers over the library."""
