@@ -6,7 +6,7 @@ import logging
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from atroposlib.api.dispatch import Dispatcher
 from atroposlib.api.intake import Intake
@@ -23,14 +23,19 @@ HOUSEKEEPING_INTERVAL_S = 1.0
 class Runtime:
     """The state, its journal and the services that act on it."""
 
-    def __init__(self, settings: ApiSettings, metrics: Optional[ApiMetrics] = None) -> None:
+    def __init__(
+        self,
+        settings: ApiSettings,
+        metrics: Optional[ApiMetrics] = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.settings = settings
         self.metrics = metrics or ApiMetrics()
         state_dir = settings.resolved_state_dir()
         if state_dir is not None and settings.fresh:
             _discard_state(state_dir)
         self.journal = Journal(state_dir, settings.fsync)
-        self.state = RunState(settings, self.journal, self.metrics)
+        self.state = RunState(settings, self.journal, self.metrics, clock)
         self.intake = Intake(self.state)
         self.dispatch = Dispatcher(self.state)
         self._last_housekeeping = 0.0
@@ -41,8 +46,8 @@ class Runtime:
 
     def housekeep(self, force: bool = False) -> None:
         """Expire leases and silent envs, flush stale buffers, forget old history."""
-        now = time.monotonic()
-        if not force and now - self._last_housekeeping < HOUSEKEEPING_INTERVAL_S:
+        now = self.state.clock()
+        if not force and 0 <= now - self._last_housekeeping < HOUSEKEEPING_INTERVAL_S:
             return
         self._last_housekeeping = now
         self.dispatch.expire_leases()

@@ -12,7 +12,8 @@ import os
 import threading
 import uuid
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Optional
+import time
+from typing import Any, AsyncIterator, Callable, Optional
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -48,8 +49,13 @@ RESPONSE_GZIP_MIN_BYTES = 1000
 PUBLIC_PATHS = {"/", "/health"}
 
 
-def create_app(settings: Optional[ApiSettings] = None) -> FastAPI:
-    """A new API application; its state opens on start-up (or on the first request)."""
+def create_app(
+    settings: Optional[ApiSettings] = None, clock: Callable[[], float] = time.time
+) -> FastAPI:
+    """A new API application; its state opens on start-up (or on the first request).
+
+    `clock` (seconds) drives leases, liveness and buffer ages; tests pass a fake one.
+    """
     settings = settings or ApiSettings()
     metrics = ApiMetrics()
     holder: dict[str, Runtime] = {}
@@ -59,7 +65,7 @@ def create_app(settings: Optional[ApiSettings] = None) -> FastAPI:
         if "runtime" not in holder:
             with opening:
                 if "runtime" not in holder:
-                    holder["runtime"] = Runtime(settings, metrics)
+                    holder["runtime"] = Runtime(settings, metrics, clock)
         return holder["runtime"]
 
     @asynccontextmanager

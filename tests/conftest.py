@@ -1,0 +1,93 @@
+"""Shared fixtures: in-process API clients with a controllable clock, and payload makers."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Iterator, Optional
+
+import pytest
+from fastapi.testclient import TestClient
+
+from atroposlib.api import ApiSettings, create_app
+
+os.environ.setdefault("WANDB_MODE", "disabled")
+
+
+class FakeClock:
+    """Seconds that only move when a test says so."""
+
+    def __init__(self, start: float = 1_000_000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def registration(batch_size: int = 32, **overrides: Any) -> dict[str, Any]:
+    body = {
+        "wandb_group": "group", "wandb_project": "project", "batch_size": batch_size,
+        "max_token_len": 2048, "checkpoint_dir": "checkpoints/run", "save_checkpoint_interval": 10,
+        "starting_step": 0, "num_steps": 100,
+    }
+    body.update(overrides)
+    return body
+
+
+def env_registration(name: str = "env", group_size: int = 8, **overrides: Any) -> dict[str, Any]:
+    body = {"max_token_length": 1024, "desired_name": name, "weight": 1.0, "group_size": group_size}
+    body.update(overrides)
+    return body
+
+
+def group(size: int = 8, env_id: Optional[int] = None, length: int = 4, score: float = 1.0, **extra: Any) -> dict[str, Any]:
+    """A consistent scored group of `size` sequences of `length` tokens."""
+    body = {
+        "tokens": [[i + 1] * length for i in range(size)],
+        "masks": [[-100] + [i + 1] * (length - 1) for i in range(size)],
+        "scores": [score] * size,
+    }
+    if env_id is not None:
+        body["env_id"] = env_id
+    body.update(extra)
+    return body
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def make_client(clock: FakeClock) -> Iterator[Callable[..., TestClient]]:
+    """``make_client(**settings)``: an in-process server (in-memory state unless a state_dir is given)."""
+    clients: list[TestClient] = []
+
+    def make(**settings: Any) -> TestClient:
+        settings.setdefault("ephemeral", "state_dir" not in settings)
+        client = TestClient(create_app(ApiSettings(**settings), clock=clock))
+        client.__enter__()
+        clients.append(client)
+        return client
+
+    yield make
+    for client in clients:
+        client.__exit__(None, None, None)
+
+
+@pytest.fixture
+def client(make_client: Callable[..., TestClient]) -> TestClient:
+    return make_client()
+
+
+def start_run(client: TestClient, batch_size: int = 32, envs: tuple[tuple[str, int], ...] = (("env", 8),), **env_fields: Any) -> list[int]:
+    """Register a trainer, open the gate with one /batch poll, register envs; return env ids."""
+    assert client.post("/register", json=registration(batch_size)).status_code == 200
+    client.get("/batch")
+    ids = []
+    for name, size in envs:
+        response = client.post("/register-env", json=env_registration(name, size, **env_fields)).json()
+        ids.append(response["env_id"])
+    return ids

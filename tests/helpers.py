@@ -1,0 +1,71 @@
+"""Starting real `run-api` processes on free loopback ports, and stopping them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ApiProcess:
+    """A `run-api` child process; use as a context manager so it is always stopped."""
+
+    def __init__(self, state_dir: Optional[Path], *extra_args: str, port: Optional[int] = None) -> None:
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.args = [sys.executable, "-m", "atroposlib.cli.run_api", "--port", str(self.port), *extra_args]
+        if state_dir is not None:
+            self.args += ["--state-dir", str(state_dir)]
+        self.log_path = Path(os.environ.get("PYTEST_TMPDIR", "/tmp")) / f"run-api-{self.port}.log"
+        self.process: Optional[subprocess.Popen[bytes]] = None
+
+    def start(self, timeout: float = 20.0) -> "ApiProcess":
+        log = open(self.log_path, "ab")
+        self.process = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"run-api exited with {self.process.returncode}: {self.log()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        self.stop()
+        raise TimeoutError(f"run-api did not answer within {timeout} s: {self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def kill9(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(10)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+
+    def __enter__(self) -> "ApiProcess":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
