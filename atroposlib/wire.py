@@ -10,9 +10,12 @@ portably, and one of them in a stored group would break every batch it lands in.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Annotated, Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+# Integers the server stores as numbers must fit in 64 bits (SQLite, orjson).
+Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
 
 ITEM_KEYS: tuple[str, ...] = (
     "tokens",
@@ -60,7 +63,7 @@ class ScoredData(BaseModel):
     overrides: Optional[list[dict[str, Any]]] = None
     group_overrides: Optional[dict[str, Any]] = None
     images: Optional[Any] = None
-    env_id: Optional[int] = None
+    env_id: Optional[Int64] = None
     distill_token_ids: Optional[list[list[list[int]]]] = None
     distill_logprobs: Optional[list[list[list[float]]]] = None
     submission_id: Optional[str] = Field(
@@ -91,12 +94,12 @@ class Registration(BaseModel):
 
     wandb_group: Optional[str]
     wandb_project: Optional[str]
-    batch_size: int
-    max_token_len: int
+    batch_size: Int64
+    max_token_len: Int64
     checkpoint_dir: str
-    save_checkpoint_interval: int
-    starting_step: int
-    num_steps: int
+    save_checkpoint_interval: Int64
+    starting_step: Int64
+    num_steps: Int64
     replace: bool = Field(
         default=False,
         description="Replace the stored run configuration instead of keeping the first one.",
@@ -106,12 +109,12 @@ class Registration(BaseModel):
 class RegisterEnv(BaseModel):
     """An environment process announcing itself, body of ``POST /register-env``."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = _WIRE_CONFIG
 
-    max_token_length: int
+    max_token_length: Int64
     desired_name: str
     weight: Optional[float]
-    group_size: int = Field(ge=1)
+    group_size: int = Field(ge=1, le=2**31)
     min_batch_allocation: Optional[float] = Field(default=None, ge=0.0, le=1.0)
     env_key: Optional[str] = Field(
         default=None,
@@ -123,13 +126,13 @@ class RegisterEnv(BaseModel):
 class EnvIdentifier(BaseModel):
     """Names one registered environment."""
 
-    env_id: int
+    env_id: Int64
 
 
 class LeaseRequest(BaseModel):
     """Body of the leased ``POST /batch`` (every field optional)."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = _WIRE_CONFIG
 
     lease_seconds: float = Field(default=300.0, gt=0, le=86_400)
     wait_seconds: float = Field(default=0.0, ge=0, le=30)

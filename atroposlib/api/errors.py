@@ -6,10 +6,20 @@ responses also keep FastAPI's ``detail`` array so existing clients can read them
 
 from __future__ import annotations
 
+import json
 from typing import Any, Optional
 
 import orjson
 from starlette.responses import Response
+
+
+def dump_json(content: Any) -> bytes:
+    """Encode a response body; integers beyond 64 bits (the trainer uuid, echoed client
+    input) and other values orjson refuses fall back to the standard library."""
+    try:
+        return orjson.dumps(content)
+    except TypeError:
+        return json.dumps(content, default=str).encode()
 
 
 class ApiError(Exception):
@@ -29,7 +39,7 @@ class ApiError(Exception):
 
     def response(self, headers: Optional[dict[str, str]] = None) -> Response:
         return Response(
-            orjson.dumps(self.body()),
+            dump_json(self.body()),
             status_code=self.status,
             media_type="application/json",
             headers=headers,
@@ -44,7 +54,7 @@ def validation_error(detail: list[dict[str, Any]], message: str) -> Response:
     """A 422 carrying both FastAPI's ``detail`` list and the structured error."""
     body = error_body("validation_error", message)
     body["detail"] = detail
-    return Response(orjson.dumps(body, default=str), status_code=422, media_type="application/json")
+    return Response(dump_json(body), status_code=422, media_type="application/json")
 
 
 def describe_validation_problems(detail: list[dict[str, Any]]) -> str:

@@ -2,26 +2,20 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any, Optional
 
-import orjson
 from pydantic import BaseModel, TypeAdapter, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
-from atroposlib.api.errors import ApiError, BodyInvalid
+from atroposlib.api.errors import ApiError, BodyInvalid, dump_json
 from atroposlib.api.runtime import Runtime
 
 NO_STORE = {"Cache-Control": "no-store"}
 
 
 def json_response(content: Any, status: int = 200, headers: Optional[dict[str, str]] = None) -> Response:
-    try:
-        body = orjson.dumps(content)
-    except TypeError:  # integers beyond 64 bits (the trainer uuid) need the stdlib encoder
-        body = json.dumps(content).encode()
-    return Response(body, status_code=status, media_type="application/json", headers=headers)
+    return Response(dump_json(content), status_code=status, media_type="application/json", headers=headers)
 
 
 def batch_response(payloads: list[bytes], extra: bytes = b"") -> Response:

@@ -55,12 +55,15 @@ async def heartbeat_env(env: EnvIdentifier, request: Request) -> Response:
     return json_response({"status": "ok"})
 
 
-@router.api_route(
-    "/status-env", methods=["GET", "POST"],
+_STATUS_ENV_DOC = dict(
     summary="Queue numbers an environment throttles itself by (JSON body or ?env_id=)",
     openapi_extra={"requestBody": {"required": False, "content": {"application/json": {
         "schema": EnvIdentifier.model_json_schema()}}}},
 )
+
+
+@router.get("/status-env", operation_id="status_env_get", **_STATUS_ENV_DOC)
+@router.post("/status-env", operation_id="status_env_post", **_STATUS_ENV_DOC)
 async def status_env(request: Request) -> Response:
     body = await request.body()
     from_body = parse_body(EnvIdentifier, body).env_id if body.strip() else None

@@ -202,3 +202,9 @@ def test_negative_weight_means_no_throttling(client: TestClient) -> None:
 def test_unknown_paths_are_structured_404(client: TestClient) -> None:
     response = client.get("/nope")
     assert response.status_code == 404 and response.json()["error"]["code"] == "not_found"
+
+
+def test_out_of_range_numbers_are_422(client: TestClient) -> None:
+    start_run(client)
+    assert client.post("/scored_data", json=group(8, env_id=2**64)).status_code == 422
+    assert client.post("/register-env", content=b'{"max_token_length": 1, "desired_name": "x", "weight": Infinity, "group_size": 8}').status_code == 422
