@@ -13,6 +13,7 @@ import logging
 from typing import Any, Iterator, Optional
 
 from atroposlib.api.errors import ApiError
+from atroposlib.api.items import served_items
 from atroposlib.api.packing import pick_exact, pick_fifo_subset, pick_with_minimums
 from atroposlib.api.queue import Entry
 from atroposlib.api.state import Lease, RunState
@@ -117,9 +118,8 @@ class Dispatcher:
             self._take(entries)
             self._commit(entries, self._new_batch_id())
             state.journal.set_meta("batch_counter", state.batch_counter)
-            payloads = state.journal.item_payloads([e.seq for e in entries])
         state.metrics.batches_served.labels(mode="get").inc()
-        return payloads
+        return served_items(state.journal.item_payloads([e.seq for e in entries]))
 
     def _commit(self, entries: list[Entry], batch_id: str) -> None:
         state = self.state
@@ -151,9 +151,8 @@ class Dispatcher:
             state.journal.move_items(((s, None) for s in lease.seqs), "leased", lease.batch_id)
             state.journal.save_lease(lease.batch_id, lease.record())
             state.journal.set_meta("batch_counter", state.batch_counter)
-            payloads = state.journal.item_payloads(lease.seqs)
         state.metrics.batches_served.labels(mode="lease").inc()
-        return lease, payloads
+        return lease, served_items(state.journal.item_payloads(lease.seqs))
 
     def _lease(self, batch_id: str) -> Lease:
         self.expire_leases()
@@ -207,6 +206,8 @@ class Dispatcher:
                 for entry in dead:
                     state.pending.remove(entry)
                 state.journal.move_items(((e.seq, None) for e in dead), "dead", lease.batch_id)
+                if dead:
+                    state.dead_letters[lease.batch_id] = len(dead)
                 self._settle(lease, "expired")
             state.metrics.lease_expired.inc()
             log.warning(

@@ -12,6 +12,10 @@ from typing import Any, Optional
 import orjson
 from starlette.responses import Response
 
+from atroposlib.api.validation import BodyInvalid, describe_validation_problems
+
+__all__ = ["ApiError", "BodyInvalid", "describe_validation_problems", "dump_json", "error_body", "validation_error"]
+
 
 def dump_json(content: Any) -> bytes:
     """Encode a response body; integers beyond 64 bits (the trainer uuid, echoed client
@@ -55,24 +59,3 @@ def validation_error(detail: list[dict[str, Any]], message: str) -> Response:
     body = error_body("validation_error", message)
     body["detail"] = detail
     return Response(dump_json(body), status_code=422, media_type="application/json")
-
-
-def describe_validation_problems(detail: list[dict[str, Any]]) -> str:
-    """One line naming every offending field, e.g. ``body.scores.0: not a finite number``."""
-    parts = []
-    for problem in detail[:5]:
-        location = ".".join(str(part) for part in problem.get("loc", ()))
-        parts.append(f"{location}: {problem.get('msg', 'invalid')}")
-    more = f" (+{len(detail) - 5} more)" if len(detail) > 5 else ""
-    return "; ".join(parts) + more
-
-
-class BodyInvalid(Exception):
-    """A request body that failed schema validation; rendered as FastAPI's 422."""
-
-    def __init__(self, detail: list[dict[str, Any]]) -> None:
-        super().__init__(describe_validation_problems(detail))
-        self.detail = detail
-
-    def response(self) -> Response:
-        return validation_error(self.detail, str(self))

@@ -1,4 +1,4 @@
-"""Accepting scored groups: validation, idempotency and the mixed-size buffers.
+"""Storing checked groups: idempotency, the mixed-size buffers and their hygiene.
 
 A group whose size differs from its env's registered ``group_size`` waits in that env's
 buffer until buffered groups add up to exactly one group's worth; they are then queued
@@ -16,58 +16,12 @@ import orjson
 
 from atroposlib.api.packing import subset_indices_summing_to
 from atroposlib.api.queue import Entry
-from atroposlib.api.errors import BodyInvalid
 from atroposlib.api.state import RunState
-from atroposlib.wire import ITEM_KEYS, PER_SEQUENCE_AUX_KEYS, ScoredData
+from atroposlib.api.validation import Submission, raise_if_any
 
 log = logging.getLogger("atroposlib.api")
 
-_ITEM_FIELDS = set(ITEM_KEYS)
 MAX_REMEMBERED_SUBMISSIONS = 1_000_000
-
-
-def check_group(group: ScoredData, level: str, env_known: bool, where: str = "body") -> list[str]:
-    """Cross-field checks of one group (see `--validation`).
-
-    Inconsistent token/mask/score lengths, non-finite scores and negative env ids raise
-    a 422 in every level but ``off``; auxiliary-array length mismatches and unknown env
-    ids are returned as warnings, or raise in ``strict``.
-    """
-    if level == "off":
-        return []
-    hard: list[tuple[str, str]] = []
-    count = len(group.tokens)
-    if count == 0:
-        hard.append(("tokens", "a group needs at least one sequence"))
-    if len(group.masks) != count:
-        hard.append(("masks", f"{len(group.masks)} mask lists for {count} token lists"))
-    if len(group.scores) != count:
-        hard.append(("scores", f"{len(group.scores)} scores for {count} sequences"))
-    for i, (tokens, mask) in enumerate(zip(group.tokens, group.masks)):
-        if len(tokens) != len(mask):
-            hard.append((f"masks.{i}", f"{len(mask)} labels for {len(tokens)} tokens"))
-            break
-    if group.env_id is not None and group.env_id < 0:
-        hard.append(("env_id", "must not be negative"))
-    _raise_if_any(hard, where)
-    soft: list[tuple[str, str]] = []
-    for key in PER_SEQUENCE_AUX_KEYS:
-        value = getattr(group, key)
-        if value is not None and len(value) != count:
-            soft.append((key, f"{len(value)} entries for {count} sequences"))
-    if group.env_id is not None and not env_known:
-        soft.append(("env_id", f"{group.env_id} is not a registered env"))
-    if level == "strict":
-        _raise_if_any(soft, where)
-    return [f"{where}.{field}: {message}" for field, message in soft]
-
-
-def _raise_if_any(problems: list[tuple[str, str]], where: str) -> None:
-    if problems:
-        raise BodyInvalid([
-            {"type": "value_error", "loc": [*where.split("."), *field.split(".")], "msg": message}
-            for field, message in problems
-        ])
 
 
 class Intake:
@@ -76,27 +30,37 @@ class Intake:
     def __init__(self, state: RunState) -> None:
         self.state = state
 
-    def submit(self, group: ScoredData, key: Optional[str], where: str = "body") -> dict[str, Any]:
-        """Store one group; the caller holds the journal transaction."""
+    def check_env(self, submission: Submission, where: str = "body") -> None:
+        """Warn about (or, in strict mode, refuse) an env id no env registered."""
+        state = self.state
+        if submission.env_id is None or state.env_index(submission.env_id) is not None:
+            return
+        if state.settings.validation == "strict":
+            raise_if_any([("env_id", f"{submission.env_id} is not a registered env")], where)
+        if state.settings.validation == "warn":
+            submission.warnings.append(f"{where}.env_id: {submission.env_id} is not a registered env")
+
+    def submit(self, submission: Submission, key: Optional[str], stored: bytes) -> dict[str, Any]:
+        """Store one checked group (`stored`: its bytes as they will be kept); the
+        caller holds the journal transaction and has called `check_env`."""
         state = self.state
         if key is not None and key in state.responses:
-            self._count(group.env_id, "duplicate")
+            self._count(submission.env_id, "duplicate")
             return {**orjson.loads(state.responses[key][1]), "duplicate": True}
-        env_index = state.env_index(group.env_id)
-        warnings = check_group(group, state.settings.validation, env_index is not None, where)
-        payload = group.model_dump_json(include=_ITEM_FIELDS).encode()
-        entry = Entry(state.next_seq, len(group.tokens), group.env_id, state.clock())
+        env_index = state.env_index(submission.env_id)
+        warnings = list(submission.warnings)
+        entry = Entry(state.next_seq, submission.size, submission.env_id, state.clock())
         state.next_seq += 1
         if env_index is None or entry.size == state.envs[env_index].group_size:
-            response = self._queue_new(entry, payload)
+            response = self._queue_new(entry, stored)
         elif entry.size > state.envs[env_index].group_size:
             warnings.append(
                 f"group of {entry.size} sequences is larger than env {env_index}'s "
                 f"group_size {state.envs[env_index].group_size}: queued as it is"
             )
-            response = self._queue_new(entry, payload)
+            response = self._queue_new(entry, stored)
         else:
-            response = self._buffer(env_index, entry, payload)
+            response = self._buffer(env_index, entry, stored)
         state.touch_env(env_index)
         if warnings:
             response["warnings"] = warnings

@@ -6,13 +6,22 @@ the hot submission path.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
-import zlib
+import logging
 from typing import Any, Awaitable, Callable, Optional
 
 import orjson
 
 from atroposlib.api.errors import error_body
+from atroposlib.api.journal import Journal, StorageFailed
+from atroposlib.api.validation import InvalidGzip, PayloadTooLarge, gunzip_capped
+
+log = logging.getLogger("atroposlib.api")
+# Set in the scope of requests whose gzip body `BodyLimits` left compressed (see deferred paths).
+GZIP_BODY_SCOPE_KEY = "atroposlib.gzip_body"
+# Compressed bodies at least this large are gunzipped off the event loop (zlib releases the GIL).
+GUNZIP_IN_THREAD_BYTES = 8 * 1024
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -57,49 +66,25 @@ class BearerAuth:
         await self.app(scope, receive, send)
 
 
-class PayloadTooLarge(Exception):
-    pass
-
-
-class InvalidGzip(Exception):
-    pass
-
-
-def gunzip_capped(data: bytes, limit: int) -> bytes:
-    """Decompress (possibly multi-member) gzip without ever producing more than `limit` bytes."""
-    out = bytearray()
-    while data:
-        decompressor = zlib.decompressobj(zlib.MAX_WBITS | 16)
-        pending = data
-        try:
-            while pending:
-                out += decompressor.decompress(pending, limit - len(out) + 1)
-                if len(out) > limit:
-                    raise PayloadTooLarge
-                pending = decompressor.unconsumed_tail
-            out += decompressor.flush()
-        except zlib.error as exc:
-            raise InvalidGzip from exc
-        if not decompressor.eof:
-            raise InvalidGzip
-        if len(out) > limit:
-            raise PayloadTooLarge
-        data = decompressor.unused_data
-    return bytes(out)
-
-
 class BodyLimits:
     """Read the whole request body under a cap, gunzip it if it is gzip-encoded (under a
-    second cap), and hand the application the plain body."""
+    second cap), and hand the application the plain body.
+
+    On `deferred_gzip_paths` a gzip body is passed on still compressed, with
+    ``scope[GZIP_BODY_SCOPE_KEY] = True``: their handler decompresses it where it parses
+    it (off the event loop) and stores the compressed bytes as they are.
+    """
 
     def __init__(
         self, app: ASGIApp, max_body_bytes: int, max_decompressed_bytes: int,
         on_body: Optional[Callable[[str, int], None]] = None,
+        deferred_gzip_paths: frozenset[str] = frozenset(),
     ) -> None:
         self.app = app
         self.max_body = max_body_bytes
         self.max_decompressed = max_decompressed_bytes
         self.on_body = on_body
+        self.deferred_gzip_paths = deferred_gzip_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -128,10 +113,16 @@ class BodyLimits:
             self.on_body(scope["path"], len(body))
         encoding = (_header(scope, b"content-encoding") or b"").lower()
         headers = list(scope.get("headers", ()))
-        if b"gzip" in encoding:
+        scope = dict(scope)
+        if b"gzip" in encoding and body and scope["path"] in self.deferred_gzip_paths:
+            scope[GZIP_BODY_SCOPE_KEY] = True
+        elif b"gzip" in encoding:
             if body:
                 try:
-                    body = gunzip_capped(body, self.max_decompressed)
+                    if len(body) >= GUNZIP_IN_THREAD_BYTES:
+                        body = await asyncio.to_thread(gunzip_capped, body, self.max_decompressed)
+                    else:
+                        body = gunzip_capped(body, self.max_decompressed)
                 except PayloadTooLarge:
                     await send_error(
                         send, 413, "payload_too_large",
@@ -144,7 +135,7 @@ class BodyLimits:
             headers = [
                 (k, v) for k, v in headers if k not in (b"content-encoding", b"content-length")
             ] + [(b"content-length", str(len(body)).encode())]
-        scope = {**scope, "headers": headers}
+        scope["headers"] = headers
         delivered = False
 
         async def replay() -> Message:
@@ -155,3 +146,32 @@ class BodyLimits:
             return {"type": "http.request", "body": body, "more_body": False}
 
         await self.app(scope, replay, send)
+
+
+class DurableResponses:
+    """Hold each response until every state change made before it is committed, so that
+    an acknowledgement is never sent for something a crash could still lose."""
+
+    def __init__(self, app: ASGIApp, journal: Callable[[], Journal]) -> None:
+        self.app = app
+        self.journal = journal
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        failed = False
+
+        async def send_when_durable(message: Message) -> None:
+            nonlocal failed
+            if message["type"] == "http.response.start":
+                try:
+                    await self.journal().barrier()
+                except StorageFailed as exc:
+                    failed = True
+                    await send_error(send, 503, "storage_error", f"the state journal failed: {exc}")
+                    return
+            if not failed:
+                await send(message)
+
+        await self.app(scope, receive, send_when_durable)

@@ -10,6 +10,7 @@ from starlette.responses import Response
 
 from atroposlib.api.errors import ApiError, BodyInvalid, dump_json
 from atroposlib.api.runtime import Runtime
+from atroposlib.api.validation import schema_problems
 
 NO_STORE = {"Cache-Control": "no-store"}
 
@@ -35,16 +36,7 @@ def parse_body(adapter: TypeAdapter[Any] | type[BaseModel], body: bytes) -> Any:
             return adapter.validate_json(body)
         return adapter.model_validate_json(body)
     except ValidationError as exc:
-        detail = [
-            {"type": e["type"], "loc": ["body", *e["loc"]], "msg": e["msg"], "input": _short(e.get("input"))}
-            for e in exc.errors(include_url=False, include_context=False)
-        ]
-        raise BodyInvalid(detail) from None
-
-
-def _short(value: Any) -> Any:
-    text = repr(value)
-    return value if len(text) <= 200 else text[:200] + "..."
+        raise BodyInvalid(schema_problems(exc)) from None
 
 
 def require_registered(runtime_: Runtime) -> None:

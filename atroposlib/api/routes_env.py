@@ -10,9 +10,11 @@ from pydantic import TypeAdapter
 from starlette.responses import Response
 
 from atroposlib.api.errors import ApiError
-from atroposlib.api.intake import check_group
-from atroposlib.api.errors import BodyInvalid
+from atroposlib.api.items import item_json, served_item
+from atroposlib.api.middleware import GZIP_BODY_SCOPE_KEY
+from atroposlib.api.errors import ApiError, BodyInvalid
 from atroposlib.api.responses import json_response, parse_body, runtime
+from atroposlib.api.validation import InvalidGzip, PayloadTooLarge, summarize
 from atroposlib.wire import EnvIdentifier, RegisterEnv, ScoredData
 
 router = APIRouter()
@@ -34,6 +36,61 @@ def _idempotency_key(request: Request) -> Optional[str]:
     if key is not None and not 0 < len(key) <= 128:
         raise ApiError(422, "validation_error", "Idempotency-Key must be 1 to 128 characters")
     return key
+
+
+@router.post("/scored_data", summary="Submit one scored group", openapi_extra=_json_body(_GROUP_SCHEMA))
+async def scored_data(request: Request) -> Response:
+    body = await request.body()
+    rt = runtime(request)
+    gzipped = bool(request.scope.get(GZIP_BODY_SCOPE_KEY))
+    try:
+        submission = await rt.validators.inspect(body, gzipped)
+    except InvalidGzip:
+        raise ApiError(400, "invalid_gzip", "Invalid gzip payload") from None
+    except PayloadTooLarge:
+        raise ApiError(413, "payload_too_large", "decompressed request body is too large") from None
+    key = _idempotency_key(request) or submission.submission_id
+    rt.intake.check_env(submission)
+    with rt.state.journal.transaction():
+        response = rt.intake.submit(submission, key, stored=body)
+    return json_response(response)
+
+
+@router.post(
+    "/scored_data_list", summary="Submit several scored groups (all or none)",
+    openapi_extra=_json_body({"type": "array", "items": _GROUP_SCHEMA}),
+)
+async def scored_data_list(request: Request) -> Response:
+    groups = parse_body(_GROUP_LIST, await request.body())
+    rt = runtime(request)
+    state = rt.state
+    list_key = _idempotency_key(request)
+    if list_key is not None and list_key in state.responses:
+        return json_response({**orjson.loads(state.responses[list_key][1]), "duplicate": True})
+    submissions = []
+    for i, group in enumerate(groups):
+        submission = summarize(group, state.settings.validation, f"body.{i}")
+        rt.intake.check_env(submission, f"body.{i}")
+        submissions.append(submission)
+    summary: dict[str, Any] = {"status": "received", "groups_processed": len(groups)}
+    buffered, duplicates, warnings = 0, 0, []
+    with state.journal.transaction():
+        for group, submission in zip(groups, submissions):
+            result = rt.intake.submit(submission, submission.submission_id, stored=item_json(group))
+            duplicates += bool(result.get("duplicate"))
+            warnings += result.get("warnings", [])
+            if result["status"] == "buffered":
+                buffered += 1
+                summary["last_buffer_size"] = result["buffer_size"]
+        if buffered:
+            summary["buffered"] = buffered
+        if duplicates:
+            summary["duplicates"] = duplicates
+        if warnings:
+            summary["warnings"] = warnings
+        if list_key is not None:
+            rt.intake.remember(list_key, summary)
+    return json_response(summary)
 
 
 @router.post("/register-env", summary="Register an environment process (after the trainer's first /batch)")
@@ -85,51 +142,6 @@ async def status_env(request: Request) -> Response:
     return json_response(rt.state.status_env(env_id))
 
 
-@router.post("/scored_data", summary="Submit one scored group", openapi_extra=_json_body(_GROUP_SCHEMA))
-async def scored_data(request: Request) -> Response:
-    group = parse_body(ScoredData, await request.body())
-    rt = runtime(request)
-    state = rt.state
-    key = _idempotency_key(request) or group.submission_id
-    with state.journal.transaction():
-        response = rt.intake.submit(group, key)
-    return json_response(response)
-
-
-@router.post(
-    "/scored_data_list", summary="Submit several scored groups (all or none)",
-    openapi_extra=_json_body({"type": "array", "items": _GROUP_SCHEMA}),
-)
-async def scored_data_list(request: Request) -> Response:
-    groups = parse_body(_GROUP_LIST, await request.body())
-    rt = runtime(request)
-    state = rt.state
-    list_key = _idempotency_key(request)
-    if list_key is not None and list_key in state.responses:
-        return json_response({**orjson.loads(state.responses[list_key][1]), "duplicate": True})
-    for i, group in enumerate(groups):
-        check_group(group, state.settings.validation, state.env_index(group.env_id) is not None, f"body.{i}")
-    summary: dict[str, Any] = {"status": "received", "groups_processed": len(groups)}
-    buffered, duplicates, warnings = 0, 0, []
-    with state.journal.transaction():
-        for i, group in enumerate(groups):
-            result = rt.intake.submit(group, group.submission_id, f"body.{i}")
-            duplicates += bool(result.get("duplicate"))
-            warnings += result.get("warnings", [])
-            if result["status"] == "buffered":
-                buffered += 1
-                summary["last_buffer_size"] = result["buffer_size"]
-        if buffered:
-            summary["buffered"] = buffered
-        if duplicates:
-            summary["duplicates"] = duplicates
-        if warnings:
-            summary["warnings"] = warnings
-        if list_key is not None:
-            rt.intake.remember(list_key, summary)
-    return json_response(summary)
-
-
 @router.get("/latest_example", summary="The most recently queued group")
 async def latest_example(request: Request) -> Response:
     state = runtime(request).state
@@ -138,4 +150,4 @@ async def latest_example(request: Request) -> Response:
     payloads = state.journal.item_payloads([state.latest_seq])
     if not payloads:
         return json_response(EMPTY_EXAMPLE)
-    return Response(payloads[0], media_type="application/json")
+    return Response(served_item(payloads[0]), media_type="application/json")

@@ -24,7 +24,7 @@ def _warnings(rt: Runtime) -> list[str]:
     reason = rt.dispatch.unpackable_reason()
     if reason:
         warnings.append(reason)
-    dead = sum(count for _, count in rt.journal.dead_letters())
+    dead = sum(rt.state.dead_letters.values())
     if dead:
         warnings.append(f"{dead} group(s) dead-lettered after repeated lease expiry (see /envs)")
     return warnings
@@ -72,7 +72,7 @@ async def envs(request: Request) -> Response:
         }
         for e in state.envs
     ]
-    dead = [{"batch_id": b, "groups": n} for b, n in rt.journal.dead_letters()]
+    dead = [{"batch_id": b, "groups": n} for b, n in rt.state.dead_letters.items()]
     return json_response({"envs": listed, "dead_letters": dead})
 
 
@@ -85,7 +85,7 @@ async def metrics(request: Request) -> Response:
     m.queue_groups.set(len(state.pending.sizes))
     m.lease_outstanding.set(sum(l.state == "leased" for l in state.leases.values()))
     m.unpackable.set(1 if rt.dispatch.unpackable_reason() else 0)
-    m.dead_letter_groups.set(sum(count for _, count in rt.journal.dead_letters()))
+    m.dead_letter_groups.set(sum(state.dead_letters.values()))
     env_ids = {e.registered_id for e in state.envs} | set(state.pending.by_env)
     for env_id in env_ids:
         label = state.env_label(env_id)

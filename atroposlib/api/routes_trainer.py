@@ -12,6 +12,7 @@ from fastapi import APIRouter, Query, Request
 from starlette.responses import PlainTextResponse, Response
 
 from atroposlib.api.errors import ApiError
+from atroposlib.api.items import served_items
 from atroposlib.api.responses import (
     NO_STORE,
     batch_response,
@@ -99,7 +100,8 @@ async def served_batches(
     batches = []
     for (batch_id, step), members in groupby(rows, key=lambda row: row[:2]):
         head = orjson.dumps({"batch_id": batch_id, "step": step})
-        batches.append(head[:-1] + b',"batch":[' + b",".join(m[2] for m in members) + b"]}")
+        items = served_items([m[2] for m in members])
+        batches.append(head[:-1] + b',"batch":[' + b",".join(items) + b"]}")
     return Response(b'{"batches":[' + b",".join(batches) + b"]}", media_type="application/json")
 
 

@@ -14,6 +14,7 @@ from atroposlib.api.journal import Journal
 from atroposlib.api.metrics import ApiMetrics
 from atroposlib.api.settings import ApiSettings
 from atroposlib.api.state import RunState
+from atroposlib.api.validator_pool import ValidatorPool
 
 log = logging.getLogger("atroposlib.api")
 
@@ -38,6 +39,9 @@ class Runtime:
         self.state = RunState(settings, self.journal, self.metrics, clock)
         self.intake = Intake(self.state)
         self.dispatch = Dispatcher(self.state)
+        self.validators = ValidatorPool(
+            settings.resolved_validation_workers(), settings.validation, settings.max_decompressed_bytes
+        )
         self._last_housekeeping = 0.0
 
     @property
@@ -71,6 +75,7 @@ class Runtime:
         }
 
     def close(self) -> None:
+        self.validators.close()
         self.journal.close()
 
 

@@ -24,8 +24,9 @@ from starlette.responses import Response
 
 from atroposlib.api import routes_env, routes_ops, routes_trainer
 from atroposlib.api.errors import ApiError, BodyInvalid, describe_validation_problems, validation_error
+from atroposlib.api.journal import Journal
 from atroposlib.api.metrics import ApiMetrics
-from atroposlib.api.middleware import BearerAuth, BodyLimits
+from atroposlib.api.middleware import BearerAuth, BodyLimits, DurableResponses
 from atroposlib.api.runtime import Runtime
 from atroposlib.api.settings import ApiSettings
 from atroposlib.api.status_math import MIN_ENV_WEIGHT
@@ -83,22 +84,27 @@ def create_app(
     )
     app.state.runtime = get_runtime
     app.state.settings = settings
-    app.include_router(routes_ops.router)
-    app.include_router(routes_trainer.router)
+    # Route matching walks the table in order: the hot submission routes go first.
     app.include_router(routes_env.router)
+    app.include_router(routes_trainer.router)
+    app.include_router(routes_ops.router)
     _install_error_handlers(app, metrics)
-    _install_middleware(app, settings, metrics)
+    _install_middleware(app, settings, metrics, lambda: get_runtime().journal)
     return app
 
 
-def _install_middleware(app: FastAPI, settings: ApiSettings, metrics: ApiMetrics) -> None:
+def _install_middleware(
+    app: FastAPI, settings: ApiSettings, metrics: ApiMetrics, journal: Callable[[], Journal]
+) -> None:
     # Added innermost first: the last one added sees the request first.
+    app.add_middleware(DurableResponses, journal=journal)
     app.add_middleware(GZipMiddleware, minimum_size=RESPONSE_GZIP_MIN_BYTES, compresslevel=RESPONSE_GZIP_LEVEL)
     app.add_middleware(
         BodyLimits,
         max_body_bytes=settings.max_body_bytes,
         max_decompressed_bytes=settings.max_decompressed_bytes,
         on_body=lambda path, size: metrics.request_bytes.labels(endpoint=path).inc(size),
+        deferred_gzip_paths=frozenset({"/scored_data"}),
     )
     api_key = settings.resolved_api_key()
     if api_key:
@@ -124,7 +130,7 @@ def _install_error_handlers(app: FastAPI, metrics: ApiMetrics) -> None:
     @app.exception_handler(BodyInvalid)
     async def on_body_invalid(_: Request, exc: BodyInvalid) -> Response:
         metrics.rejected.labels(reason="validation_error").inc()
-        return exc.response()
+        return validation_error(exc.detail, str(exc))
 
     @app.exception_handler(RequestValidationError)
     async def on_validation_error(_: Request, exc: RequestValidationError) -> Response:

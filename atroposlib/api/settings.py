@@ -47,6 +47,11 @@ class ApiSettings(BaseModel):
         description="Cross-field checks of submitted groups: 'warn' rejects inconsistent "
         "token/mask/score lengths and warns about the rest; 'strict' rejects both.",
     )
+    validation_workers: Optional[int] = Field(
+        default=None, ge=0, le=64,
+        description="Processes that parse large submissions off the event loop (default: "
+        "CPU count - 1, at most 4; 0 parses everything in the server process).",
+    )
     max_body_bytes: int = Field(
         default=256 * MiB, ge=1, description="Largest request body accepted (413 beyond)."
     )
@@ -108,6 +113,11 @@ class ApiSettings(BaseModel):
         if from_env:
             return Path(from_env)
         return Path(platformdirs.user_data_dir("atroposlib")) / "api" / f"port-{self.port}"
+
+    def resolved_validation_workers(self) -> int:
+        if self.validation_workers is not None:
+            return self.validation_workers
+        return min(4, max(1, (os.cpu_count() or 2) - 1))
 
     def cors_origin_list(self) -> list[str]:
         return [o.strip() for o in (self.cors_origins or "").split(",") if o.strip()]

@@ -83,6 +83,7 @@ class RunState:
         self.next_seq = 1
         self.batch_counter = 0
         self.responses: OrderedDict[str, tuple[float, bytes]] = OrderedDict()
+        self.dead_letters: dict[str, int] = {}
         self.queue_version = 0
 
     def _restore(self) -> None:
@@ -99,6 +100,7 @@ class RunState:
             record = EnvRecord.model_validate_json(raw)
             record.last_update = now  # restart grace: nobody could reach us while down
             self.envs.append(record)
+        self.dead_letters = dict(self.journal.dead_letters())
         for key, t, response in self.journal.load_responses():
             self.responses[key] = (t, response)
         self._restore_items()
