@@ -89,6 +89,10 @@ class ValidatorPool:
     def workers(self) -> int:
         return len(self._pumps)
 
+    def live_workers(self) -> list[int]:
+        """Process ids of the worker processes currently running."""
+        return [p.pid for p in self._processes if p.poll() is None]
+
     async def inspect(self, body: bytes, gzipped: bool) -> Submission:
         """Parse and check one group body; raises `BodyInvalid`, `InvalidGzip` or
         `PayloadTooLarge` for a bad one."""

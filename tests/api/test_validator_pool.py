@@ -1,0 +1,81 @@
+"""Large submissions are checked in worker processes with the same results as inline."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import signal
+import random
+
+import orjson
+import pytest
+
+from atroposlib.api.validator_pool import POOL_MIN_BYTES
+from tests.conftest import group, start_run
+
+GZIP = {"Content-Encoding": "gzip", "Content-Type": "application/json"}
+
+
+def big_group(score: float = 1.0, **extra) -> dict:
+    """A group whose gzip body is still large enough for the pool (random token ids)."""
+    rng = random.Random(score)
+    tokens = [[rng.randrange(100, 32000) for _ in range(1200)] for _ in range(8)]
+    body = group(8, env_id=0, score=score, **extra)
+    body["tokens"], body["masks"] = tokens, [[-100] * 100 + t[100:] for t in tokens]
+    assert len(gzip.compress(orjson.dumps(body))) > POOL_MIN_BYTES
+    return body
+
+
+@pytest.fixture
+def pooled(make_client):
+    client = make_client(validation_workers=1)
+    start_run(client, 8)
+    return client
+
+
+def test_large_groups_go_through_workers_and_are_served_canonically(pooled) -> None:
+    submitted = big_group(score=3, unknown="dropped")
+    assert pooled.post("/scored_data", content=gzip.compress(orjson.dumps(submitted)), headers=GZIP).json() == {"status": "received"}
+    assert pooled.post("/scored_data", json=big_group(score=4)).json() == {"status": "received"}
+    first, second = (pooled.get("/batch").json()["batch"][0] for _ in range(2))
+    assert first["scores"][0] == 3.0 and "unknown" not in first and first["tokens"] == submitted["tokens"]
+    assert second["scores"][0] == 4.0
+    runtime = pooled.app.state.runtime()
+    assert len(runtime.validators.live_workers()) == 1
+
+
+def test_worker_reports_invalid_groups_by_field(pooled) -> None:
+    bad = big_group()
+    bad["masks"] = bad["masks"][:-1]
+    response = pooled.post("/scored_data", content=gzip.compress(orjson.dumps(bad)), headers=GZIP)
+    assert response.status_code == 422 and "body.masks" in response.json()["error"]["message"]
+    bad = big_group()
+    bad["scores"] = "x"
+    response = pooled.post("/scored_data", json=bad)
+    assert response.status_code == 422 and response.json()["detail"][0]["loc"] == ["body", "scores"]
+
+
+def test_worker_reports_corrupt_gzip(pooled) -> None:
+    corrupt = gzip.compress(orjson.dumps(big_group()))[:-40] + b"\x00" * 40
+    response = pooled.post("/scored_data", content=corrupt, headers=GZIP)
+    assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_gzip"
+
+
+def test_worker_enforces_the_decompression_cap(make_client) -> None:
+    client = make_client(validation_workers=1, max_decompressed_bytes=100_000)
+    start_run(client, 8)
+    bomb = gzip.compress(b"[" + b"0," * 12_000_000 + b"0]")
+    assert len(bomb) > POOL_MIN_BYTES
+    response = client.post("/scored_data", content=bomb, headers=GZIP)
+    assert response.status_code == 413 and response.json()["error"]["code"] == "payload_too_large"
+
+
+def test_a_dead_worker_is_replaced_without_failing_requests(pooled) -> None:
+    assert pooled.post("/scored_data", json=big_group(score=1)).status_code == 200
+    runtime = pooled.app.state.runtime()
+    for pid in runtime.validators.live_workers():
+        os.kill(pid, signal.SIGKILL)
+    assert pooled.post("/scored_data", json=big_group(score=2)).json() == {"status": "received"}
+    assert pooled.post("/scored_data", json=big_group(score=3)).json() == {"status": "received"}
+    assert len(runtime.validators.live_workers()) == 1
+    assert pooled.get("/status").json()["queue_size"] == 3
