@@ -1,0 +1,1 @@
+"""A GRPO trainer that reads batches from the trajectory API (see example-trainer docs)."""

@@ -79,16 +79,19 @@ class Dispatcher:
         log.info("fallback packer formed a batch of %d groups", len(picked))
         return [entries[i] for i in picked]
 
-    def _take(self, entries: list[Entry]) -> None:
+    def _take_next_batch(self) -> Optional[tuple[list[Entry], str]]:
+        """Form the next batch, remove its groups from the queue and name it; inside
+        the caller's transaction. None when no batch can be formed."""
         state = self.state
+        entries = self._form()
+        if entries is None:
+            return None
         state.queue.take(e.seq for e in entries)
         state.bump_queue()
-        oldest = min(e.t for e in entries)
-        state.metrics.batch_wait.observe(max(0.0, state.clock() - oldest))
-
-    def _new_batch_id(self) -> str:
-        self.state.batch_counter += 1
-        return f"b-{self.state.batch_counter:06d}"
+        state.metrics.batch_wait.observe(max(0.0, state.clock() - min(e.t for e in entries)))
+        state.batch_counter += 1
+        state.journal.set_meta("batch_counter", state.batch_counter)
+        return entries, f"b-{state.batch_counter:06d}"
 
     def unpackable_reason(self) -> Optional[str]:
         """Why queued groups can never form a batch, when that is so (cached per change)."""
@@ -112,12 +115,11 @@ class Dispatcher:
         """Form, commit and return one batch (``GET /batch``), or None."""
         state = self.state
         with state.journal.transaction():
-            entries = self._form()
-            if entries is None:
+            taken = self._take_next_batch()
+            if taken is None:
                 return None
-            self._take(entries)
-            self._commit(entries, self._new_batch_id())
-            state.journal.set_meta("batch_counter", state.batch_counter)
+            entries, batch_id = taken
+            self._commit(entries, batch_id)
         state.metrics.batches_served.labels(mode="get").inc()
         return served_items(state.journal.item_payloads([e.seq for e in entries]))
 
@@ -135,12 +137,12 @@ class Dispatcher:
     def lease_batch(self, lease_seconds: float, client_id: Optional[str]) -> Optional[tuple[Lease, list[bytes]]]:
         state = self.state
         with state.journal.transaction():
-            entries = self._form()
-            if entries is None:
+            taken = self._take_next_batch()
+            if taken is None:
                 return None
-            self._take(entries)
+            entries, batch_id = taken
             lease = Lease(
-                batch_id=self._new_batch_id(),
+                batch_id=batch_id,
                 seqs=[e.seq for e in entries],
                 expires_at=state.clock() + lease_seconds,
                 step=state.step,
@@ -150,7 +152,6 @@ class Dispatcher:
             state.leases[lease.batch_id] = lease
             state.journal.move_items(((s, None) for s in lease.seqs), "leased", lease.batch_id)
             state.journal.save_lease(lease.batch_id, lease.record())
-            state.journal.set_meta("batch_counter", state.batch_counter)
         state.metrics.batches_served.labels(mode="lease").inc()
         return lease, served_items(state.journal.item_payloads(lease.seqs))
 

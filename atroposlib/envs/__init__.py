@@ -1,0 +1,1 @@
+"""Environments: the `BaseEnv` framework that produces scored groups of rollouts."""

@@ -1,0 +1,1 @@
+"""Rendering rollouts for people: JSONL to HTML reports."""

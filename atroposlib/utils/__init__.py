@@ -1,0 +1,1 @@
+"""Helpers shared by environments and tools (tokenisation for trainers, advantages, ...)."""

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Creates .venv and installs atroposlib into it (editable, with the extras named in $EXTRAS).
+# Safe to run again: an existing .venv is reused.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+extras="${EXTRAS:-dev}"
+if [ ! -x .venv/bin/python ]; then
+    python3 -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e ".[${extras}]"
+echo "atroposlib installed in $(pwd)/.venv (extras: ${extras})"

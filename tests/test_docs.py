@@ -1,0 +1,21 @@
+"""The configuration reference names every flag `run-api` has."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from atroposlib.api.settings import ApiSettings
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_config_md_documents_every_run_api_flag() -> None:
+    text = (ROOT / "CONFIG.md").read_text()
+    for name in ApiSettings.model_fields:
+        assert f"`--{name.replace('_', '-')}`" in text, name
+
+
+def test_readme_has_the_two_quickstart_commands() -> None:
+    text = (ROOT / "README.md").read_text()
+    assert "## Quickstart" in text
+    assert "bash scripts/test.sh" in text
