@@ -1,0 +1,167 @@
+"""`ServerManager`: spreads an environment's inference requests over its servers.
+
+Requests go to the healthy server with the most free slots (training and evaluation
+slots are counted separately). A request for more than ``max_n_completions`` choices is
+split into chunks sent concurrently and merged, with choices renumbered 0..n-1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import os
+import shutil
+import subprocess
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator, Optional, Union
+
+from atroposlib.envs.server_handling.api_server import APIServer
+from atroposlib.envs.server_handling.configs import APIServerConfig, ServerBaseline, ServerManagerConfig
+from atroposlib.envs.server_handling.openai_server import OpenAIServer, merge_choices
+from atroposlib.envs.server_handling.reasoning import ReasoningConfig
+
+log = logging.getLogger("atroposlib.inference")
+
+ServerConfigs = Union[ServerBaseline, APIServerConfig, list[APIServerConfig]]
+LOCAL_PORTS = range(9004, 9008)
+SLURM_FIRST_PORT = 9000
+GPUS_PER_NODE = 8
+
+__all__ = [
+    "APIServer", "APIServerConfig", "ReasoningConfig", "ServerBaseline", "ServerManager", "ServerManagerConfig",
+]
+
+
+def backend_class(server_type: str) -> type[APIServer]:
+    if server_type == "openai":
+        return OpenAIServer
+    raise ValueError(
+        f"server_type {server_type!r} is not available in this version of atroposlib (supported: 'openai'; "
+        "vLLM and SGLang servers also speak the OpenAI protocol)"
+    )
+
+
+def slurm_inference_urls() -> list[str]:
+    """Inference server URLs of the Slurm allocation: ports 9000.. on every node after
+    the first $NUM_TRAINING_NODES, 8 // $INFER_TP servers per node."""
+    nodelist = os.environ.get("SLURM_JOB_NODELIST")
+    if not nodelist or shutil.which("scontrol") is None:
+        return []
+    names = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True)
+    hosts = [line.strip() for line in names.stdout.splitlines() if line.strip()]
+    if len(hosts) < 2:
+        return []
+    if "NUM_TRAINING_NODES" not in os.environ:
+        log.warning("NUM_TRAINING_NODES is not set: assuming 1 training node")
+    training_nodes = int(os.environ.get("NUM_TRAINING_NODES", "1"))
+    per_node = GPUS_PER_NODE // int(os.environ.get("INFER_TP", "1"))
+    return [
+        f"http://{host}:{port}/v1"
+        for host in hosts[training_nodes:]
+        for port in range(SLURM_FIRST_PORT, SLURM_FIRST_PORT + per_node)
+    ]
+
+
+class ServerManager:
+    """Routes chat, completion and token requests across inference servers."""
+
+    def __init__(
+        self,
+        configs: ServerConfigs,
+        server_class: type[APIServer] = APIServer,
+        slurm: bool = False,
+        testing: bool = False,
+        max_n_completions: int = 8,
+        reasoning_config: Optional[ReasoningConfig] = None,
+        proxy_url: Optional[str] = None,
+        use_proxy: bool = False,
+        tool_parser: Optional[str] = None,
+    ) -> None:
+        if testing:
+            raise ValueError("--testing (the mock inference harness) is not available in this version of atroposlib")
+        self.max_n_completions = max_n_completions
+        self.reasoning_config = reasoning_config
+        self.proxy_url = proxy_url or os.environ.get("ATROPOS_PROXY_URL")
+        self.use_proxy = use_proxy or self.proxy_url is not None
+        self.tool_parser = tool_parser
+        resolved = self._resolve_configs(configs, slurm)
+        if inspect.isabstract(server_class):
+            server_class = backend_class(resolved[0].server_type)
+        self.servers: list[APIServer] = [server_class(c, reasoning_config) for c in resolved]
+
+    @staticmethod
+    def _resolve_configs(configs: ServerConfigs, slurm: bool) -> list[APIServerConfig]:
+        if isinstance(configs, APIServerConfig):
+            return [configs]
+        if isinstance(configs, list):
+            discovered = slurm_inference_urls() if slurm else []
+            if not discovered:
+                return list(configs)
+            return [configs[0].model_copy(update={"base_url": url}, deep=True) for url in discovered]
+        urls = (slurm_inference_urls() if slurm else []) or [f"http://localhost:{p}/v1" for p in LOCAL_PORTS]
+        shared = configs.model_dump()
+        return [APIServerConfig(**shared, base_url=url, api_key="x") for url in urls]
+
+    # -- routing ------------------------------------------------------------------------
+    def _free_slots(self, server: APIServer, training: bool) -> float:
+        eval_free = max(0.0, server.eval_sem.free - server.eval_sem.min_val())
+        if not training:
+            return eval_free
+        eval_running = server.eval_sem.free < server.eval_sem.max_val
+        reserve = eval_free if eval_running else 0.0
+        return max(0.0, (server.sem.free - server.sem.min_val()) - reserve)
+
+    def _pick(self, training: bool) -> APIServer:
+        healthy = [s for s in self.servers if s.server_healthy] or self.servers
+        return max(healthy, key=lambda s: (self._free_slots(s, training), -self.servers.index(s)))
+
+    async def _route(self, method: str, kwargs: dict[str, Any]) -> Any:
+        server = self._pick(kwargs.get("split", "train") == "train")
+        return await getattr(server, method)(**kwargs)
+
+    async def _split_n(self, method: str, kwargs: dict[str, Any]) -> list[Any]:
+        n = int(kwargs.get("n") or 1)
+        sizes = [self.max_n_completions] * (n // self.max_n_completions)
+        if n % self.max_n_completions:
+            sizes.append(n % self.max_n_completions)
+        return await asyncio.gather(*(self._route(method, {**kwargs, "n": size}) for size in sizes))
+
+    async def chat_completion(self, **kwargs: Any) -> Any:
+        if int(kwargs.get("n") or 1) <= self.max_n_completions:
+            return await self._route("chat_completion", kwargs)
+        return merge_choices(await self._split_n("chat_completion", kwargs))
+
+    async def completion(self, **kwargs: Any) -> Any:
+        if int(kwargs.get("n") or 1) <= self.max_n_completions:
+            return await self._route("completion", kwargs)
+        return merge_choices(await self._split_n("completion", kwargs))
+
+    async def tokens_and_logprobs_completion(self, **kwargs: Any) -> Any:
+        if int(kwargs.get("n") or 1) <= self.max_n_completions:
+            return await self._route("tokens_and_logprobs_completion", kwargs)
+        chunks = await self._split_n("tokens_and_logprobs_completion", kwargs)
+        return (
+            chunks[0][0],
+            [tokens for chunk in chunks for tokens in chunk[1]],
+            [logprobs for chunk in chunks for logprobs in chunk[2]],
+            [reason for chunk in chunks for reason in chunk[3]],
+        )
+
+    async def get_logprobs(self, **kwargs: Any) -> Any:
+        return await self._route("get_logprobs", kwargs)
+
+    def update_weight(self, weight: float) -> None:
+        for server in self.servers:
+            server.update_weight(weight)
+
+    @asynccontextmanager
+    async def dedicated_server(self) -> AsyncIterator[APIServer]:
+        """Hold one training slot of the freest server, e.g. to keep a conversation on it."""
+        server = self._pick(training=True)
+        async with server.sem:
+            yield server
+
+    async def close(self) -> None:
+        for server in self.servers:
+            await server.close()
