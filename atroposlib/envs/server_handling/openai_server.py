@@ -11,10 +11,11 @@ import openai
 from atroposlib.envs.server_handling.api_server import APIServer
 from atroposlib.envs.server_handling.configs import APIServerConfig
 from atroposlib.envs.server_handling.reasoning import ReasoningConfig
+from atroposlib.envs.server_handling.resolve import resolve_openai_configs
 
 log = logging.getLogger("atroposlib.inference")
 
-__all__ = ["APIServerConfig", "OpenAIServer"]
+__all__ = ["APIServerConfig", "OpenAIServer", "resolve_openai_configs"]
 
 
 class OpenAIServer(APIServer):
@@ -24,7 +25,8 @@ class OpenAIServer(APIServer):
     def __init__(self, config: APIServerConfig, reasoning_config: Optional[ReasoningConfig] = None) -> None:
         super().__init__(config, reasoning_config)
         self.openai = openai.AsyncOpenAI(
-            api_key=config.api_key or "x", base_url=config.base_url or None, timeout=config.timeout
+            api_key=config.api_key or "x", base_url=config.base_url or None, timeout=config.timeout,
+            max_retries=0,  # APIServer retries; the client's own retries would multiply them
         )
 
     async def _chat_completion_wrapper(self, **kwargs: Any) -> Any:

@@ -151,6 +151,14 @@ class ServerManager:
     async def get_logprobs(self, **kwargs: Any) -> Any:
         return await self._route("get_logprobs", kwargs)
 
+    async def unreachable(self) -> list[str]:
+        """Base URLs of the servers that answer no health probe right now."""
+        import httpx
+
+        async with httpx.AsyncClient(timeout=5) as client:
+            answers = await asyncio.gather(*(server._probe_health(client) for server in self.servers))
+        return [str(s.config.base_url) for s, ok in zip(self.servers, answers) if not ok]
+
     def update_weight(self, weight: float) -> None:
         for server in self.servers:
             server.update_weight(weight)

@@ -1,0 +1,209 @@
+"""The environment command line: ``python my_env.py {serve,process,evaluate} [flags]``.
+
+Flags: ``--env.<field>`` for every field of the env's config class, ``--openai.<field>``
+for every field of `APIServerConfig`, ``--slurm``, ``--testing``, ``--max_n_completions``,
+``--proxy_url`` and ``--config FILE.yaml``. Precedence: flags > YAML > ``config_init()``.
+Values: ``--k v`` or ``--k=v`` (negative numbers included), a bare boolean flag means
+true, ``None`` means null. argv is parsed once; unknown flags are errors with a
+suggestion.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import sys
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from atroposlib.envs.config import BaseEnvConfig
+from atroposlib.envs.constants import ENV_NAMESPACE, NAMESPACE_SEP, OPENAI_NAMESPACE
+from atroposlib.envs.server_handling.configs import APIServerConfig, ServerBaseline, ServerManagerConfig
+from atroposlib.envs.server_handling.resolve import (
+    ConfigError,
+    ServerConfigs,
+    merged_openai_mapping,
+    resolve_openai_configs,
+)
+
+log = logging.getLogger("atroposlib.envs")
+
+MODES = ("serve", "process", "evaluate")
+MANAGER_FLAGS = ("slurm", "testing", "max_n_completions", "proxy_url")
+TRUE_WORDS, FALSE_WORDS = {"true", "1", "yes", "on"}, {"false", "0", "no", "off"}
+MODE_DEFAULTS: dict[str, dict[str, Any]] = {
+    "process": {"ensure_scores_are_not_same": False, "include_messages": True, "use_wandb": True},
+    "evaluate": {"use_wandb": True},
+}
+
+
+@dataclass
+class Flag:
+    name: str
+    annotation: Any
+    default: Any
+    help: str
+
+    @property
+    def is_bool(self) -> bool:
+        return self.annotation is bool or (
+            typing.get_origin(self.annotation) is typing.Union and bool in typing.get_args(self.annotation)
+        )
+
+
+@dataclass
+class RunSettings:
+    """Everything a mode needs to build and run the environment."""
+
+    mode: str
+    env_config: BaseEnvConfig
+    server_configs: ServerConfigs
+    manager: ServerManagerConfig
+    yaml_path: Optional[Path] = None
+    openai_flags: dict[str, Any] = field(default_factory=dict)
+
+
+def _model_flags(prefix: str, model: type[BaseModel]) -> dict[str, Flag]:
+    return {
+        f"{prefix}{NAMESPACE_SEP}{name}": Flag(f"{prefix}{NAMESPACE_SEP}{name}", f.annotation, f.default, f.description or "")
+        for name, f in model.model_fields.items()
+    }
+
+
+def available_flags(env_config_cls: type[BaseModel]) -> dict[str, Flag]:
+    flags = {**_model_flags(ENV_NAMESPACE, env_config_cls), **_model_flags(OPENAI_NAMESPACE, APIServerConfig)}
+    for name in MANAGER_FLAGS:
+        info = ServerManagerConfig.model_fields[name]
+        flags[name] = Flag(name, info.annotation, info.default, info.description or "")
+    flags["config"] = Flag("config", str, None, "YAML file with env:, openai:, slurm: and testing: sections.")
+    return flags
+
+
+def _looks_like_value(token: str) -> bool:
+    if not token.startswith("-"):
+        return True
+    try:
+        float(token)
+        return True
+    except ValueError:
+        return False
+
+
+def parse_flags(tokens: Sequence[str], flags: dict[str, Flag]) -> dict[str, Any]:
+    """Raw flag values by name; raises `ConfigError` for unknown or malformed flags."""
+    values: dict[str, Any] = {}
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        if not token.startswith("--"):
+            raise ConfigError(f"unexpected argument {token!r}")
+        name, has_value, value = token[2:].partition("=")
+        spec = flags.get(name)
+        if spec is None:
+            close = difflib.get_close_matches(name, flags, n=1)
+            hint = f"; did you mean --{close[0]}?" if close else ""
+            raise ConfigError(f"unknown option --{name}{hint}")
+        if not has_value:
+            following = tokens[i + 1] if i + 1 < len(tokens) else None
+            if spec.is_bool:
+                if following is not None and following.lower() in TRUE_WORDS | FALSE_WORDS | {"none"}:
+                    value, i = following, i + 1
+                else:
+                    value = "true"
+            elif following is not None and _looks_like_value(following):
+                value, i = following, i + 1
+            else:
+                raise ConfigError(f"--{name} needs a value")
+        values[name] = None if value == "None" else value
+        i += 1
+    return values
+
+
+def _namespace(values: dict[str, Any], prefix: str) -> dict[str, Any]:
+    start = prefix + NAMESPACE_SEP
+    return {key[len(start):]: value for key, value in values.items() if key.startswith(start)}
+
+
+def _load_yaml(path: Optional[str], env_config_cls: type[BaseModel]) -> dict[str, Any]:
+    if path is None:
+        return {}
+    document = yaml.safe_load(Path(path).read_text()) or {}
+    if not isinstance(document, dict):
+        raise ConfigError(f"{path} must hold a mapping with env:, openai:, slurm:, testing: sections")
+    known_sections = {ENV_NAMESPACE, OPENAI_NAMESPACE, *MANAGER_FLAGS}
+    for section in set(document) - known_sections:
+        log.info("ignoring YAML section %r (not used by environments)", section)
+    for key in set(document.get(ENV_NAMESPACE) or {}) - set(env_config_cls.model_fields):
+        log.warning("YAML env.%s is not a field of %s; ignored", key, env_config_cls.__name__)
+    openai_entries = document.get(OPENAI_NAMESPACE) or []
+    for entry in openai_entries if isinstance(openai_entries, list) else [openai_entries]:
+        for key in set(entry or {}) - set(APIServerConfig.model_fields):
+            log.warning("YAML openai.%s is not a server setting; ignored", key)
+    return document
+
+
+def help_text(prog: str, mode: str, flags: dict[str, Flag]) -> str:
+    lines = [f"usage: {prog} {mode} [--config FILE.yaml] [--env.FIELD V] [--openai.FIELD V] ...", ""]
+    for flag in flags.values():
+        default = "null" if flag.default is None else flag.default
+        default = getattr(default, "value", default)
+        lines.append(f"  --{flag.name:<42} {flag.help} (default: {default})")
+    return "\n".join(lines)
+
+
+def resolve_settings(env_cls: Any, argv: Sequence[str]) -> RunSettings:
+    """Turn argv (without the program name) into the run's settings."""
+    if not argv or argv[0] not in MODES:
+        raise ConfigError(f"choose a mode: {' | '.join(MODES)} (e.g. `serve --help`)")
+    mode = argv[0]
+    default_env, default_servers = env_cls.config_init()
+    env_config_cls = type(default_env)
+    flags = available_flags(env_config_cls)
+    if "--help" in argv[1:] or "-h" in argv[1:]:
+        print(help_text(Path(sys.argv[0]).name, mode, flags))
+        raise SystemExit(0)
+    values = parse_flags(list(argv[1:]), flags)
+    document = _load_yaml(values.get("config"), env_config_cls)
+
+    env_values = {**default_env.model_dump(), **MODE_DEFAULTS.get(mode, {})}
+    env_values.update(document.get(ENV_NAMESPACE) or {})
+    env_values.update(_namespace(values, ENV_NAMESPACE))
+    if mode == "process" and not env_values.get("data_path_to_save_groups"):
+        env_values["data_path_to_save_groups"] = f"data/{getattr(env_cls, 'name', None) or 'groups'}.jsonl"
+    if not env_values.get("wandb_name"):
+        env_values["wandb_name"] = getattr(env_cls, "name", None) or env_cls.__name__.lower()
+    try:
+        env_config = env_config_cls(**env_values)
+    except ValidationError as exc:
+        raise ConfigError(f"invalid environment settings: {exc}") from None
+
+    cli_openai = _namespace(values, OPENAI_NAMESPACE)
+    yaml_openai = document.get(OPENAI_NAMESPACE)
+    merged = merged_openai_mapping(default_servers, yaml_openai, cli_openai)
+    servers = resolve_openai_configs(default_servers, merged, document, cli_openai, log)
+
+    manager_values = {k: document[k] for k in MANAGER_FLAGS if k in document}
+    manager_values.update({k: values[k] for k in MANAGER_FLAGS if k in values})
+    try:
+        manager = ServerManagerConfig(**manager_values)
+    except ValidationError as exc:
+        raise ConfigError(f"invalid server manager settings: {exc}") from None
+    return RunSettings(mode, env_config, servers, manager, Path(values["config"]) if values.get("config") else None, cli_openai)
+
+
+def describe(settings: RunSettings) -> str:
+    servers = settings.server_configs
+    shown = [s.model_dump() for s in servers] if isinstance(servers, list) else servers.model_dump()
+    return yaml.safe_dump(
+        {"env": settings.env_config.model_dump(mode="json"), "openai": shown, **settings.manager.model_dump()},
+        sort_keys=False,
+    )
+
+
+def is_plain_baseline(configs: ServerConfigs) -> bool:
+    return isinstance(configs, ServerBaseline) and not isinstance(configs, APIServerConfig)

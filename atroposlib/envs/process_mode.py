@@ -1,0 +1,98 @@
+"""Process mode: generate a fixed number of groups into JSONL (and an HTML page), no API.
+
+Up to ``process_concurrency`` groups are generated at once. ``total_steps`` counts groups
+*written*; groups dropped by the checks count as failures, and the run stops with an
+error after ``process_max_consecutive_failures`` failures in a row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from atroposlib.envs.wandb_logging import run_name
+from atroposlib.frontend.jsonl2html import generate_html
+
+log = logging.getLogger("atroposlib.envs")
+
+
+class TooManyFailures(RuntimeError):
+    """process mode stopped because groups kept failing."""
+
+
+async def _one_group(env: Any, item: Any) -> int:
+    """Generate, check and write the group of `item`; how many groups were written."""
+    try:
+        result, _ = await env.collect_trajectories(item)
+        if not result:
+            return 0
+        result = await env.postprocess_histories(result)
+        kept = await env.handle_send_to_api(result, item, do_send_to_api=False, abort_on_any_max_length_exceeded=False)
+        return len(kept)
+    except Exception:
+        log.exception("a group failed")
+        return 0
+    finally:
+        await env.cleanup()
+
+
+async def process(env: Any) -> None:
+    config = env.config
+    target = config.total_steps
+    env.process_mode = True
+    env.n_groups_to_process = target
+    env.group_size_to_process = config.group_size
+    concurrency = config.process_concurrency if config.process_concurrency > 0 else max(1, env.max_num_workers)
+    await env.setup()
+    if config.use_wandb:
+        env.wandb.start(None, None, run_name(env.name), config.model_dump(mode="json"))
+    written = failures = in_a_row = 0
+    running: set[asyncio.Task[int]] = set()
+    exhausted = False
+    progress = tqdm(total=target, desc=env.name or type(env).__name__, unit="group")
+    try:
+        while written < target:
+            while not exhausted and len(running) < concurrency and written + len(running) < target:
+                item = await env.get_next_item()
+                if item is None:
+                    exhausted = True
+                    break
+                running.add(asyncio.create_task(_one_group(env, item)))
+            if not running:
+                break
+            done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                count = task.result()
+                if count:
+                    written += count
+                    in_a_row = 0
+                    env.curr_step = written
+                    progress.update(count)
+                    await env.wandb_log()
+                else:
+                    failures += 1
+                    in_a_row += 1
+                progress.set_postfix(failed=failures, rejected=sum(env.skipped.values()))
+            if in_a_row >= config.process_max_consecutive_failures:
+                raise TooManyFailures(f"{in_a_row} groups in a row failed or were dropped; stopping")
+    finally:
+        for task in running:
+            task.cancel()
+        progress.close()
+        env.close_jsonl_writer()
+        env.wandb.finish()
+        await env.server.close()
+        _render(config.data_path_to_save_groups)
+    if written < target:
+        log.warning("wrote %d of %d groups: the environment ran out of items", written, target)
+    print(f"wrote {written} groups to {config.data_path_to_save_groups}")
+
+
+def _render(path: str) -> None:
+    try:
+        generate_html(path)
+    except Exception as exc:  # the report is a convenience: never fail the run over it
+        log.error("could not render %s as HTML: %s", path, exc)

@@ -1,0 +1,311 @@
+"""Serve mode: keep the trajectory API supplied with scored groups until the run ends.
+
+Start-up: wait for a trainer to register, register this env (waiting while the API says
+the trainer has not started), learn the batch size, replay anything spooled. Then, ten
+times a second, read ``/status-env`` and decide how many rollouts may run: a full queue
+pauses *new* work (rollouts in flight finish and are sent), evaluations and checkpoints
+start when the trainer's step crosses their interval, and the loop ends once the run's
+last step is covered. Shutdown waits for rollouts in flight, drains the spool and tells
+the API the env is leaving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import math
+import signal
+import socket
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Optional
+
+import httpx
+import platformdirs
+
+from atroposlib.envs.api_client import Rejected, TrajectoryApiClient
+from atroposlib.envs.types import EvalHandlingEnum
+from atroposlib.envs.wandb_logging import run_name
+
+log = logging.getLogger("atroposlib.envs")
+
+LOOP_INTERVAL_S = 0.1
+
+
+def env_key(env: Any) -> str:
+    """A stable identity for re-registration: name, host and a hash of the config."""
+    digest = hashlib.sha1(env.config.model_dump_json(exclude={"total_steps"}).encode()).hexdigest()[:12]
+    return f"{env.config.wandb_name}:{socket.gethostname()}:{digest}"
+
+
+def spool_folder(env: Any) -> Path:
+    if env.config.spool_dir:
+        return Path(env.config.spool_dir)
+    return Path(platformdirs.user_cache_dir("atroposlib")) / "spool" / str(env.config.wandb_name)
+
+
+async def register(env: Any) -> dict[str, Any]:
+    """Register (or re-register) this env; sets `env.env_id` and returns the answer."""
+    config = env.config
+    registration = await env.api.register_env({
+        "max_token_length": config.max_token_length, "desired_name": config.wandb_name,
+        "weight": config.inference_weight, "min_batch_allocation": config.min_batch_allocation,
+        "group_size": config.group_size, "env_key": env_key(env),
+    })
+    env.env_id = registration["env_id"]
+    return registration
+
+
+async def read_status(env: Any) -> Optional[dict[str, Any]]:
+    """The API's status for this env, or None while the API cannot be reached (rollouts in
+    flight go on and their groups are spooled). An API that forgot this env (restarted
+    without its state) gets a new registration."""
+    try:
+        return await env.api.get_json("/status-env", {"env_id": env.env_id})
+    except Rejected as exc:
+        if exc.status == 404:
+            log.warning("the API does not know env %s any more: registering again", env.env_id)
+            await register(env)
+            return None
+        raise
+    except httpx.HTTPError as exc:
+        if not getattr(env, "_api_down", False):
+            log.warning("the trajectory API is unreachable (%s): pausing new rollouts until it is back", exc)
+        env._api_down = True
+        return None
+
+
+async def start(env: Any) -> None:
+    """Set up, wait for the trainer and register with the API."""
+    config = env.config
+    await env.setup()
+    info = await env.api.wait_for_trainer()
+    if config.use_wandb:
+        wandb_info = await env.api.get_json("/wandb_info")
+        if wandb_info.get("project"):
+            env.wandb_project, env.wandb_group = wandb_info["project"], wandb_info.get("group")
+            env.wandb.start(env.wandb_project, env.wandb_group, run_name(config.wandb_name), config.model_dump(mode="json"))
+        else:
+            log.warning("the trainer registered no W&B project: W&B logging is off")
+    registration = await register(env)
+    env.wandb_prepend = registration["wandb_name"]
+    env.curr_step = registration["starting_step"]
+    env.checkpoint_dir = registration.get("checkpoint_dir") or ""
+    env.checkpoint_interval = registration.get("checkpoint_interval") or -1
+    if config.total_steps == -1:
+        if registration.get("num_steps", -1) == -1:
+            raise ValueError("total_steps is -1 and the trainer registered no num_steps")
+        config.total_steps = registration["num_steps"]
+    if env.curr_step > 0:
+        env.load_checkpoint()
+    if info.get("batch_size", -1) != -1:
+        config.batch_size = info["batch_size"]
+    if info.get("max_token_len", -1) != -1:
+        env.max_token_len = info["max_token_len"]
+    if config.group_size > config.batch_size:
+        raise ValueError(f"group_size {config.group_size} exceeds the trainer's batch size {config.batch_size}")
+    if len(env.api.spool):
+        log.info("re-sending %d spooled submissions", len(env.api.spool))
+        await env.api.resend_spooled()
+
+
+def _crossed(previous: int, current: int, interval: int) -> bool:
+    return interval > 0 and current // interval > previous // interval
+
+
+async def step_checks(env: Any, status: dict[str, Any]) -> None:
+    """Start evaluations and checkpoints when the trainer's step crosses their interval."""
+    current, config = status["current_step"], env.config
+    if current == env.curr_step:
+        return
+    if _crossed(env.curr_step, current, config.steps_per_eval):
+        if env.eval_runner is not None and not env.eval_runner.done():
+            log.warning("the previous evaluation is still running; skipping this one")
+        else:
+            env.eval_runner = asyncio.create_task(env.evaluate())
+            if config.eval_handling == EvalHandlingEnum.STOP_TRAIN:
+                _cancel_all(env)
+    if _crossed(env.curr_step, current, env.checkpoint_interval):
+        env.save_checkpoint((current // env.checkpoint_interval) * env.checkpoint_interval)
+    env.curr_step = current
+    if env.items_sent_this_step >= config.min_items_sent_before_logging:
+        env.items_sent_this_step = 0
+        await env.wandb_log({})
+
+
+def queue_is_full(env: Any, status: dict[str, Any]) -> bool:
+    config = env.config
+    mbo, gs, bs = config.max_batches_offpolicy, config.group_size, config.batch_size
+    if mbo <= 0 or status["queue_size"] * gs < mbo * bs:
+        return False
+    if config.min_batch_allocation is None:
+        return True
+    largest = max(1, status.get("max_group_size", gs))
+    needed = math.ceil(config.min_batch_allocation * bs * mbo / largest) * max(1, largest // gs)
+    return needed - status.get("self_queue_size", 0) <= 0
+
+
+def worker_cap(env: Any, status: dict[str, Any]) -> int:
+    """How many rollouts may run now (Atropos's arithmetic)."""
+    config = env.config
+    cap = env.max_num_workers
+    if env.eval_runner is not None and not env.eval_runner.done():
+        if config.eval_handling == EvalHandlingEnum.STOP_TRAIN:
+            return 0
+        if config.eval_handling == EvalHandlingEnum.LIMIT_TRAIN:
+            cap = int(env.max_num_workers * config.eval_limit_ratio)
+    queue_size = status["queue_size"]
+    cap = min(cap, config.max_batches_offpolicy * env.derived_batch_size // config.group_size - queue_size) \
+        if config.max_batches_offpolicy > 0 else cap
+    if config.min_batch_allocation is not None:
+        largest = max(1, status.get("max_group_size", config.group_size))
+        gs = config.group_size
+        own = status.get("self_queue_size", 0)
+        need = math.ceil(
+            ((math.ceil(config.min_batch_allocation * config.batch_size * config.max_batches_offpolicy / largest)
+              + largest // gs) * largest - (largest * own // (largest / gs))) / gs
+        )
+        cap = max(cap, max(0, need))
+    return cap
+
+
+async def run_item(env: Any, key: str, item: Any, attempt: int) -> None:
+    """One rollout: collect, post-process, send; timing and backlog bookkeeping."""
+    started = time.monotonic()
+    result = None
+    try:
+        result, backlog = await env.collect_trajectories(item)
+        env.backlog.extend(backlog or [])
+        if result:
+            result = await env.postprocess_histories(result)
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        log.exception("collect_trajectories failed")
+        result = None
+    finally:
+        env.running_items.pop(key, None)
+    duration = time.monotonic() - started
+    env.task_duration.append(duration)
+    (env.succeeded_task_duration if result else env.failed_task_duration).append(duration)
+    try:
+        if result is not None:
+            await env.handle_send_to_api(result, item)
+            env.last_completed_item = item
+    except Exception:
+        log.exception("sending a group failed")
+    finally:
+        await env.cleanup()
+
+
+def spawn(env: Any, item: Any, attempt: int = 0) -> None:
+    key = uuid.uuid4().hex
+    task = asyncio.create_task(run_item(env, key, item, attempt))
+    env.running_items[key] = {"item": item, "worker": task, "start_time": time.monotonic(), "attempt": attempt}
+    env.workers.add(task)
+    task.add_done_callback(env.workers.discard)
+
+
+async def add_workers(env: Any, status: dict[str, Any]) -> None:
+    cap = worker_cap(env, status)
+    if env.curr_step or env.workers:
+        env.workers_added_list.append(cap - len(env.workers))
+    while len(env.workers) < cap:
+        item = env.backlog.pop() if env.backlog else await env.get_next_item()
+        if item is None:
+            return
+        spawn(env, item)
+
+
+def expire_slow_rollouts(env: Any) -> None:
+    """Cancel rollouts older than worker_timeout; retry their items a bounded number of times."""
+    timeout = env.config.worker_timeout
+    if timeout <= 0:
+        return
+    now = time.monotonic()
+    for key, entry in list(env.running_items.items()):
+        if now - entry["start_time"] <= timeout:
+            continue
+        entry["worker"].cancel()
+        env.running_items.pop(key, None)
+        if entry["attempt"] < env.config.worker_timeout_retries:
+            spawn(env, entry["item"], entry["attempt"] + 1)
+        else:
+            env.skipped["timed_out"] += 1
+            log.error("an item timed out %d times; dropped", entry["attempt"] + 1)
+
+
+def _cancel_all(env: Any) -> None:
+    for key, entry in list(env.running_items.items()):
+        env.backlog.append(entry["item"])
+        entry["worker"].cancel()
+        env.running_items.pop(key, None)
+
+
+async def main_loop(env: Any, stopping: asyncio.Event) -> None:
+    config = env.config
+    while not stopping.is_set():
+        now = time.monotonic()
+        if env.last_loop_time is not None:
+            env.mainloop_timings.append(now - env.last_loop_time)
+        env.last_loop_time = now
+        status = await read_status(env)
+        if status is None:
+            expire_slow_rollouts(env)
+            await asyncio.sleep(1.0)
+            continue
+        if getattr(env, "_api_down", False):
+            log.info("the trajectory API is back")
+            env._api_down = False
+        env.status_dict = status
+        env.max_num_workers = env.resolved_max_num_workers()
+        env.server.update_weight(status["env_weight"])
+        await step_checks(env, status)
+        if status["current_step"] + status["queue_size"] * config.group_size // max(1, config.batch_size) > config.total_steps:
+            return
+        paused = env.api.spool.size_bytes() > config.spool_max_bytes
+        if queue_is_full(env, status) or env.derived_batch_size == -1 or paused:
+            if config.cancel_workers_on_backpressure:
+                _cancel_all(env)
+        elif len(env.workers) < env.max_num_workers:
+            await add_workers(env, status)
+        expire_slow_rollouts(env)
+        if len(env.api.spool):
+            await env.api.resend_spooled()
+        await asyncio.sleep(LOOP_INTERVAL_S)
+
+
+async def shutdown(env: Any) -> None:
+    """Let rollouts in flight finish, deliver what is spooled, leave the API cleanly."""
+    grace = env.config.worker_timeout if env.config.worker_timeout > 0 else 60
+    if env.workers:
+        await asyncio.wait(set(env.workers), timeout=grace)
+    for task in set(env.workers):
+        task.cancel()
+    if not await env.api.drain_spool(deadline_s=min(grace, 60)):
+        log.warning("%d submissions remain spooled in %s; they are re-sent at the next start",
+                    len(env.api.spool), env.api.spool.folder)
+    env.close_jsonl_writer()
+    if env.config.disconnect_on_exit and env.env_id is not None:
+        await env.api.disconnect(env.env_id)
+    env.wandb.finish()
+    await env.server.close()
+    await env.api.close()
+
+
+async def serve(env: Any) -> None:
+    env.api = TrajectoryApiClient(env.config.rollout_server_url, spool_folder(env))
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(signum, stopping.set)
+        except (NotImplementedError, RuntimeError):
+            pass
+    try:
+        await start(env)
+        await main_loop(env, stopping)
+    finally:
+        await shutdown(env)

@@ -1,0 +1,73 @@
+"""The environment command line: flags, YAML, precedence and server resolution."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig, ServerBaseline
+from atroposlib.envs.cli import ConfigError, available_flags, parse_flags, resolve_settings
+
+
+class Demo(BaseEnv):
+    name = "demo"
+
+    async def get_next_item(self):
+        return None
+
+
+class Listed(Demo):
+    @classmethod
+    def config_init(cls):
+        return BaseEnvConfig(group_size=8), [APIServerConfig(base_url="http://a/v1"), APIServerConfig(base_url="http://b/v1")]
+
+
+FLAGS = available_flags(BaseEnvConfig)
+
+
+def test_flag_forms() -> None:
+    values = parse_flags(["--env.total_steps", "-1", "--env.group_size=8", "--slurm", "--testing", "false",
+                          "--env.wandb_name", "None", "--openai.base_url", "http://x/v1"], FLAGS)
+    assert values == {"env.total_steps": "-1", "env.group_size": "8", "slurm": "true", "testing": "false",
+                      "env.wandb_name": None, "openai.base_url": "http://x/v1"}
+
+
+def test_unknown_flag_suggests_the_closest() -> None:
+    with pytest.raises(ConfigError, match="did you mean --env.group_size"):
+        parse_flags(["--env.grup_size", "4"], FLAGS)
+
+
+def test_precedence_cli_over_yaml_over_defaults(tmp_path: Path) -> None:
+    config = tmp_path / "run.yaml"
+    config.write_text("env:\n  group_size: 6\n  max_token_length: 100\n  unknown_key: 1\n"
+                      "openai:\n  base_url: http://yaml/v1\n  weight: 2\nslurm: false\ntinker: {}\n")
+    settings = resolve_settings(Demo, ["serve", "--config", str(config), "--env.group_size", "2", "--openai.model_name", "m"])
+    assert (settings.env_config.group_size, settings.env_config.max_token_length) == (2, 100)
+    assert settings.server_configs.base_url == "http://yaml/v1" and settings.server_configs.model_name == "m"
+    assert settings.env_config.wandb_name == "demo"
+
+
+def test_openai_flags_convert_a_baseline_in_every_mode() -> None:
+    for mode in ("serve", "process", "evaluate"):
+        settings = resolve_settings(Demo, [mode, "--openai.base_url", "http://h/v1"])
+        assert isinstance(settings.server_configs, APIServerConfig) and settings.server_configs.base_url == "http://h/v1"
+    assert type(resolve_settings(Demo, ["serve"]).server_configs) is ServerBaseline
+
+
+def test_process_mode_defaults() -> None:
+    env = resolve_settings(Demo, ["process"]).env_config
+    assert (env.ensure_scores_are_not_same, env.include_messages, env.data_path_to_save_groups) == (False, True, "data/demo.jsonl")
+
+
+def test_multiple_servers_refuse_openai_overrides() -> None:
+    assert len(resolve_settings(Listed, ["serve"]).server_configs) == 2
+    with pytest.raises(ConfigError, match="multiple servers"):
+        resolve_settings(Listed, ["serve", "--openai.model_name", "x"])
+
+
+def test_mode_is_required_and_values_are_validated() -> None:
+    with pytest.raises(ConfigError, match="choose a mode"):
+        resolve_settings(Demo, [])
+    with pytest.raises(ConfigError, match="invalid environment settings"):
+        resolve_settings(Demo, ["serve", "--env.group_size", "many"])

@@ -1,0 +1,142 @@
+"""An Atropos-style environment file runs unchanged in process, serve and evaluate modes."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import registration
+from tests.envs.conftest import ROOT, env_command
+from tests.helpers import ApiProcess
+
+pytestmark = pytest.mark.slow
+
+
+def common_flags(tokenizer_dir: Path, inference_url: str, tmp_path: Path) -> list[str]:
+    return ["--env.tokenizer_name", str(tokenizer_dir), "--openai.base_url", inference_url,
+            "--openai.model_name", "fake-model", "--env.use_wandb", "false", "--env.spool_dir", str(tmp_path / "spool")]
+
+
+def test_process_writes_jsonl_and_html(tokenizer_dir: Path, inference_url: str, tmp_path: Path) -> None:
+    out = tmp_path / "out" / "groups.jsonl"
+    flags = common_flags(tokenizer_dir, inference_url, tmp_path) + [
+        "--env.total_steps", "6", "--env.data_path_to_save_groups", str(out)]
+    result = subprocess.run(env_command("process", *flags), cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    groups = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(groups) == 6
+    for group in groups:
+        assert len(group["tokens"]) == 4 and sorted(set(group["scores"])) == [-1.0, 1.0]
+        for tokens, masks in zip(group["tokens"], group["masks"]):
+            first = next(i for i, m in enumerate(masks) if m != -100)
+            assert masks[:first] == [-100] * first and masks[first:] == tokens[first:]
+        assert group["messages"][0][-1]["role"] == "assistant"
+    assert "Group 5" in out.with_suffix(".html").read_text()
+    again = subprocess.run(env_command("process", *flags), cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and (out.parent / "groups_1.jsonl").exists()
+
+
+def test_process_fails_clearly_without_an_inference_server(tokenizer_dir: Path, tmp_path: Path) -> None:
+    flags = common_flags(tokenizer_dir, "http://127.0.0.1:9/v1", tmp_path) + [
+        "--env.total_steps", "2", "--env.process_max_consecutive_failures", "2",
+        "--env.data_path_to_save_groups", str(tmp_path / "g.jsonl")]
+    result = subprocess.run(env_command("process", *flags), cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert result.returncode == 1 and "no inference server answers at http://127.0.0.1:9/v1" in result.stderr
+
+
+def test_unknown_flag_exits_2(tmp_path: Path) -> None:
+    result = subprocess.run(env_command("process", "--env.total_step", "3"), cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "did you mean --env.total_steps" in result.stderr
+
+
+def test_evaluate_writes_metrics_and_samples(tokenizer_dir: Path, inference_url: str, tmp_path: Path) -> None:
+    evals = tmp_path / "evals"
+    flags = common_flags(tokenizer_dir, inference_url, tmp_path) + ["--env.data_dir_to_save_evals", str(evals)]
+    result = subprocess.run(env_command("evaluate", *flags), cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = json.loads((evals / "metrics.json").read_text())
+    assert set(metrics["results"]) == {"atropos|arithmetic_eval|0", "all"}
+    assert metrics["config_general"]["model_name"] == "fake-model"
+    assert len((evals / "samples.jsonl").read_text().splitlines()) == 8
+    assert (evals / "evaluate_config.yaml").read_text().startswith("env:")
+
+
+def _start_serving(api_url: str, tokenizer_dir: Path, inference_url: str, tmp_path: Path, jsonl: Path) -> subprocess.Popen:
+    flags = common_flags(tokenizer_dir, inference_url, tmp_path) + [
+        "--env.rollout_server_url", api_url, "--env.total_steps", "1000", "--env.max_num_workers", "2",
+        "--env.data_path_to_save_groups", str(jsonl), "--env.worker_timeout", "30"]
+    return subprocess.Popen(env_command("serve", *flags), cwd=tmp_path, stdout=open(tmp_path / "env.log", "ab"),
+                            stderr=subprocess.STDOUT)
+
+
+def _drain(api_url: str) -> list[dict]:
+    groups = []
+    while True:
+        batch = httpx.get(api_url + "/batch", timeout=30).json()["batch"]
+        if not batch:
+            return groups
+        groups += batch
+
+
+def test_serve_feeds_the_trainer_and_disconnects(tokenizer_dir: Path, inference_url: str, tmp_path: Path) -> None:
+    with ApiProcess(tmp_path / "state") as api:
+        httpx.post(api.url + "/register", json=registration(8)).raise_for_status()
+        httpx.get(api.url + "/batch")
+        env = _start_serving(api.url, tokenizer_dir, inference_url, tmp_path, tmp_path / "sent.jsonl")
+        try:
+            served: list[dict] = []
+            deadline = time.monotonic() + 90
+            while len(served) < 4 and time.monotonic() < deadline:
+                batch = httpx.get(api.url + "/batch").json()["batch"]
+                served += batch or []
+                time.sleep(0.2)
+            assert len(served) >= 4, (tmp_path / "env.log").read_text()[-3000:]
+            assert all(g["env_id"] == 0 and len(g["tokens"]) == 4 for g in served)
+        finally:
+            env.send_signal(signal.SIGTERM)
+            assert env.wait(60) == 0, (tmp_path / "env.log").read_text()[-3000:]
+        assert httpx.get(api.url + "/envs").json()["envs"][0]["connected"] is False
+
+
+def test_no_group_is_lost_when_the_api_dies(tokenizer_dir: Path, inference_url: str, tmp_path: Path) -> None:
+    state, sent = tmp_path / "state", tmp_path / "sent.jsonl"
+    api = ApiProcess(state).start()
+    httpx.post(api.url + "/register", json=registration(8)).raise_for_status()
+    httpx.get(api.url + "/batch")
+    env = _start_serving(api.url, tokenizer_dir, inference_url, tmp_path, sent)
+    try:
+        deadline = time.monotonic() + 60
+        while httpx.get(api.url + "/status").json()["queue_size"] < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        api.kill9()
+        time.sleep(3)  # the env keeps producing and spools what it cannot send
+        api = ApiProcess(state, port=api.port).start()
+        time.sleep(3)
+    finally:
+        env.send_signal(signal.SIGTERM)
+        code = env.wait(90)
+    try:
+        assert code == 0, (tmp_path / "env.log").read_text()[-3000:]
+        produced = [json.loads(line) for line in sent.read_text().splitlines()]
+        received = _drain(api.url) + [g for g in _queued_leftovers(api.url)]
+        assert len(produced) >= 2
+        assert sorted(json.dumps(g["scores"]) + str(g["tokens"][0][-5:]) for g in received) == sorted(
+            json.dumps(g["scores"]) + str(g["tokens"][0][-5:]) for g in produced)
+    finally:
+        api.stop()
+
+
+def _queued_leftovers(api_url: str) -> list[dict]:
+    """Groups still queued that cannot fill a batch: served by a throwaway lease of size 4."""
+    leftovers = []
+    status = httpx.get(api_url + "/status").json()
+    if status["queue_size"]:
+        httpx.post(api_url + "/register?replace=true", json=registration(4)).raise_for_status()
+        leftovers = _drain(api_url)
+    return leftovers

@@ -1,0 +1,84 @@
+"""An OpenAI-compatible inference server for tests and benchmarks (no model).
+
+For a prompt containing "A + B", even-numbered choices answer correctly
+(``\\boxed{A+B}``) and odd-numbered ones answer one too many, so groups have differing
+scores. ``--latency`` adds a fixed delay per request, like a real server's generation time.
+
+    python -m tests.fake_openai --port 9001 [--latency 0.2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import time
+import uuid
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request
+
+LATENCY_S = 0.0
+app = FastAPI()
+
+
+def _answer(prompt: str, index: int) -> str:
+    numbers = re.findall(r"(-?\d+)\s*\+\s*(-?\d+)", prompt)
+    total = int(numbers[-1][0]) + int(numbers[-1][1]) if numbers else 0
+    return f"Let me add them. The answer is \\boxed{{{total + index % 2}}}"
+
+
+def _usage(prompt: str, completion: str) -> dict[str, int]:
+    return {"prompt_tokens": len(prompt) // 4, "completion_tokens": len(completion) // 4,
+            "total_tokens": (len(prompt) + len(completion)) // 4}
+
+
+@app.get("/health")
+async def health() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@app.get("/v1/models")
+async def models() -> dict[str, Any]:
+    return {"object": "list", "data": [{"id": "fake-model", "object": "model", "created": 0, "owned_by": "tests"}]}
+
+
+@app.post("/v1/chat/completions")
+async def chat(request: Request) -> dict[str, Any]:
+    body = await request.json()
+    await asyncio.sleep(LATENCY_S)
+    prompt = " ".join(str(m.get("content", "")) for m in body.get("messages", []))
+    choices = [
+        {"index": i, "finish_reason": "stop", "logprobs": None,
+         "message": {"role": "assistant", "content": _answer(prompt, i)}}
+        for i in range(int(body.get("n") or 1))
+    ]
+    return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+            "model": body.get("model", "fake-model"), "choices": choices,
+            "usage": _usage(prompt, choices[0]["message"]["content"])}
+
+
+@app.post("/v1/completions")
+async def completions(request: Request) -> dict[str, Any]:
+    body = await request.json()
+    await asyncio.sleep(LATENCY_S)
+    prompt = str(body.get("prompt", ""))
+    choices = [{"index": i, "finish_reason": "stop", "logprobs": None, "text": _answer(prompt, i)}
+               for i in range(int(body.get("n") or 1))]
+    return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+            "model": body.get("model", "fake-model"), "choices": choices, "usage": _usage(prompt, choices[0]["text"])}
+
+
+def main() -> None:
+    global LATENCY_S
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--latency", type=float, default=0.0)
+    args = parser.parse_args()
+    LATENCY_S = args.latency
+    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
+
+
+if __name__ == "__main__":
+    main()
