@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 CHAT_TEMPLATE = (
@@ -28,4 +29,11 @@ def build_tokenizer(folder: Path) -> Path:
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|eos|>", unk_token="<unk>", pad_token="<|eos|>")
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(folder)
+    # transformers 5 records its own backend class; name the one both 4.x and 5.x load.
+    config_path = folder / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    if "chat_template" not in config and (folder / "chat_template.jinja").exists():
+        config["chat_template"] = (folder / "chat_template.jinja").read_text()
+    config_path.write_text(json.dumps(config, indent=2))
     return folder
