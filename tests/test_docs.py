@@ -19,3 +19,13 @@ def test_readme_has_the_two_quickstart_commands() -> None:
     text = (ROOT / "README.md").read_text()
     assert "## Quickstart" in text
     assert "bash scripts/test.sh" in text
+
+
+def test_config_md_documents_every_environment_flag() -> None:
+    from atroposlib.envs.config import BaseEnvConfig
+    from atroposlib.envs.server_handling.configs import APIServerConfig, ServerManagerConfig
+
+    text = (ROOT / "CONFIG.md").read_text()
+    for prefix, model in (("env.", BaseEnvConfig), ("openai.", APIServerConfig), ("", ServerManagerConfig)):
+        for name in model.model_fields:
+            assert f"`--{prefix}{name}`" in text, prefix + name
