@@ -1,0 +1,60 @@
+"""The env's API client never loses a group: spool on outage, rejected log on 4xx."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import httpx
+
+from atroposlib.api import ApiSettings, create_app
+from atroposlib.envs.api_client import TrajectoryApiClient, encode_body
+from tests.conftest import group, registration
+
+
+class Outage(httpx.AsyncBaseTransport):
+    """A transport that fails while `down` is set, else forwards to the app."""
+
+    def __init__(self, inner: httpx.AsyncBaseTransport) -> None:
+        self.inner, self.down = inner, False
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if self.down:
+            raise httpx.ConnectError("down", request=request)
+        return await self.inner.handle_async_request(request)
+
+
+def test_spool_rejected_log_and_ordered_replay(tmp_path: Path) -> None:
+    async def scenario() -> tuple[list[float], dict, int]:
+        app = create_app(ApiSettings(ephemeral=True, validation_workers=0))
+        async with app.router.lifespan_context(app):
+            transport = Outage(httpx.ASGITransport(app=app))
+            client = TrajectoryApiClient("http://api", tmp_path / "spool")
+            client.http = httpx.AsyncClient(transport=transport, base_url="http://api")
+            await client.post_json("/register", registration(4))
+            assert await client.submit("/scored_data", group(4, score=1, submission_id="a"))
+            transport.down = True
+            assert not await client.submit("/scored_data", group(4, score=2, submission_id="b"))
+            transport.down = False
+            assert not await client.submit("/scored_data", {"tokens": [[1]], "masks": [], "scores": [1.0]})
+            assert await client.submit("/scored_data", group(4, score=3, submission_id="c"))
+            rejected = json.loads((tmp_path / "spool" / "rejected.jsonl").read_text())
+            scores = []
+            while (batch := (await client.get_json("/batch"))["batch"]):
+                scores += [g["scores"][0] for g in batch]
+            resent = client.items_resent
+            await client.close()
+            return scores, rejected, resent
+
+    scores, rejected, resent = asyncio.run(scenario())
+    assert scores == [1.0, 2.0, 3.0]
+    assert rejected["status"] == 422 and rejected["payload"]["tokens"] == [[1]]
+    assert resent == 1
+
+
+def test_bodies_are_gzipped_only_when_it_helps() -> None:
+    small, headers = encode_body({"a": 1})
+    assert "Content-Encoding" not in headers and small == b'{"a":1}'
+    large, headers = encode_body(group(8, length=200))
+    assert headers["Content-Encoding"] == "gzip" and large[:2] == b"\x1f\x8b"
