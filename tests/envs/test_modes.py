@@ -140,3 +140,25 @@ def _queued_leftovers(api_url: str) -> list[dict]:
         httpx.post(api_url + "/register?replace=true", json=registration(4)).raise_for_status()
         leftovers = _drain(api_url)
     return leftovers
+
+
+def test_serve_testing_mode_needs_no_model(tokenizer_dir: Path, tmp_path: Path) -> None:
+    with ApiProcess(tmp_path / "state") as api:
+        httpx.post(api.url + "/register", json=registration(4)).raise_for_status()
+        httpx.get(api.url + "/batch")
+        flags = ["--testing", "--env.tokenizer_name", str(tokenizer_dir), "--env.use_wandb", "false",
+                 "--env.rollout_server_url", api.url, "--env.ensure_scores_are_not_same", "false",
+                 "--env.spool_dir", str(tmp_path / "spool")]
+        env = subprocess.Popen(env_command("serve", *flags), cwd=tmp_path, stdout=open(tmp_path / "env.log", "ab"),
+                               stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 60
+            batch = None
+            while not batch and time.monotonic() < deadline:
+                batch = httpx.get(api.url + "/batch").json()["batch"]
+                time.sleep(0.2)
+            assert batch, (tmp_path / "env.log").read_text()[-3000:]
+            assert "testing harness" in batch[0]["messages"][0][-1]["content"]
+        finally:
+            env.send_signal(signal.SIGTERM)
+            assert env.wait(60) == 0

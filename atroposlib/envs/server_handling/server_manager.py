@@ -20,6 +20,7 @@ from atroposlib.envs.server_handling.api_server import APIServer
 from atroposlib.envs.server_handling.configs import APIServerConfig, ServerBaseline, ServerManagerConfig
 from atroposlib.envs.server_handling.openai_server import OpenAIServer, merge_choices
 from atroposlib.envs.server_handling.reasoning import ReasoningConfig
+from atroposlib.envs.server_handling.server_harness import TESTING_RESPONSE, ServerHarness
 
 log = logging.getLogger("atroposlib.inference")
 
@@ -78,17 +79,20 @@ class ServerManager:
         use_proxy: bool = False,
         tool_parser: Optional[str] = None,
     ) -> None:
-        if testing:
-            raise ValueError("--testing (the mock inference harness) is not available in this version of atroposlib")
         self.max_n_completions = max_n_completions
         self.reasoning_config = reasoning_config
         self.proxy_url = proxy_url or os.environ.get("ATROPOS_PROXY_URL")
         self.use_proxy = use_proxy or self.proxy_url is not None
         self.tool_parser = tool_parser
+        if testing:
+            harness = ServerHarness()
+            harness.set_default_response(TESTING_RESPONSE)
+            self.servers: list[Any] = [harness]
+            return
         resolved = self._resolve_configs(configs, slurm)
         if inspect.isabstract(server_class):
             server_class = backend_class(resolved[0].server_type)
-        self.servers: list[APIServer] = [server_class(c, reasoning_config) for c in resolved]
+        self.servers = [server_class(c, reasoning_config) for c in resolved]
 
     @staticmethod
     def _resolve_configs(configs: ServerConfigs, slurm: bool) -> list[APIServerConfig]:
