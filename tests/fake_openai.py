@@ -70,6 +70,27 @@ async def completions(request: Request) -> dict[str, Any]:
             "model": body.get("model", "fake-model"), "choices": choices, "usage": _usage(prompt, choices[0]["text"])}
 
 
+COMPLETION_IDS = [11, 12, 13]
+
+
+@app.post("/generate")
+async def generate(request: Request) -> dict[str, Any]:
+    """vLLM-style token route: every choice samples COMPLETION_IDS with logprob -0.1 x position."""
+    body = await request.json()
+    await asyncio.sleep(LATENCY_S)
+    prompt_ids = body["prompt"]["prompt_token_ids"]
+    n = int(body.get("n") or 1)
+    result: dict[str, Any] = {
+        "prompt_token_ids": prompt_ids,
+        "token_ids": [COMPLETION_IDS] * n,
+        "logprobs": [[[{str(t): -0.1 * (k + 1)}] for k, t in enumerate(COMPLETION_IDS)] for _ in range(n)],
+        "finish_reasons": ["stop"] * n,
+    }
+    if body.get("prompt_logprobs"):
+        result["prompt_logprobs"] = [None] + [{str(t): -1.0} for t in prompt_ids[1:]]
+    return result
+
+
 def main() -> None:
     global LATENCY_S
     parser = argparse.ArgumentParser()

@@ -37,9 +37,13 @@ __all__ = [
 def backend_class(server_type: str) -> type[APIServer]:
     if server_type == "openai":
         return OpenAIServer
+    if server_type == "vllm":
+        from atroposlib.envs.server_handling.vllm_server import VLLMServer
+
+        return VLLMServer
     raise ValueError(
-        f"server_type {server_type!r} is not available in this version of atroposlib (supported: 'openai'; "
-        "vLLM and SGLang servers also speak the OpenAI protocol)"
+        f"server_type {server_type!r} is not available in this version of atroposlib (supported: 'openai', "
+        "'vllm'; SGLang servers also speak the OpenAI protocol)"
     )
 
 
@@ -173,6 +177,37 @@ class ServerManager:
         server = self._pick(training=True)
         async with server.sem:
             yield server
+
+    @asynccontextmanager
+    async def managed_server(
+        self, tokenizer: Any = None, base_url: Optional[str] = None, preserve_think_blocks: bool = False
+    ) -> AsyncIterator[Any]:
+        """A server that records token ids, masks and logprobs of every completion
+        (`ManagedServer`); its state is reset when the block ends."""
+        from atroposlib.envs.server_handling.managed_server import DummyManagedServer, ManagedServer
+
+        if base_url is not None:
+            pinned = [s for s in self.servers if s.config.base_url == base_url]
+            if not pinned:
+                raise ValueError(f"no inference server at {base_url}")
+            server = pinned[0]
+        else:
+            server = self._pick(training=True)
+        if type(server) is OpenAIServer:  # plain OpenAI routes return no token ids
+            if os.environ.get("ATROPOS_ALLOW_DUMMY_MANAGED_SERVER", "").lower() not in ("1", "true", "yes"):
+                raise NotImplementedError(
+                    "managed_server() needs token ids, which OpenAI endpoints do not return: use server_type vllm, "
+                    "or set ATROPOS_ALLOW_DUMMY_MANAGED_SERVER=1 to get placeholder tokens (never train on them)"
+                )
+            log.warning("managed_server() on an OpenAI endpoint: placeholder tokens, not for training")
+            managed: Any = DummyManagedServer(server, tokenizer)
+        else:
+            managed = ManagedServer(server, tokenizer, tool_parser=self.tool_parser,
+                                    preserve_think_blocks=preserve_think_blocks)
+        try:
+            yield managed
+        finally:
+            managed.reset()
 
     async def close(self) -> None:
         for server in self.servers:

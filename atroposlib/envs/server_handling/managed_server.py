@@ -1,0 +1,233 @@
+"""`ManagedServer`: chat and completion calls that also record trainer-ready sequences.
+
+Each completion becomes a `SequenceNode`: the prompt and completion token ids, a label
+mask (``-100`` on prompt positions, the token id on completion positions) and the
+sampler's logprobs (``1.0`` on prompt positions). A multi-turn conversation extends its
+earlier node: the new prompt's ids start with that node's tokens, so earlier completions
+stay trainable and only the new user/tool text is masked. Environments copy ``tokens``,
+``masked_tokens`` and ``logprobs`` into ``tokens``, ``masks`` and ``inference_logprobs``.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+import uuid
+from typing import Any, Optional
+
+from openai.types import Completion, CompletionChoice
+from openai.types.chat import ChatCompletion, ChatCompletionMessage
+from openai.types.chat.chat_completion import Choice
+from pydantic import BaseModel
+
+from atroposlib.utils.tokenize_for_trainer import token_ids
+
+log = logging.getLogger("atroposlib.inference")
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+THINK_OPEN_MARK, THINK_CLOSE_MARK = "__MNGD_THINK__", "__MNGD_ENDTHINK__"
+
+
+class SequenceNode(BaseModel):
+    """One tracked sequence: prompt plus completion, with labels and logprobs per token."""
+
+    full_text: str
+    tokens: list[int]
+    masked_tokens: list[int]
+    logprobs: list[float]
+    metadata: Optional[dict[str, Any]] = None
+
+
+class ManagedServer:
+    """Wraps a token-level server (`tokens_and_logprobs_completion`) and tracks nodes."""
+
+    def __init__(self, server: Any, tokenizer: Any = None, track_tree: bool = False,
+                 tool_parser: Optional[str] = None, preserve_think_blocks: bool = False) -> None:
+        self.server = server
+        self.tokenizer = tokenizer or getattr(server, "tokenizer", None)
+        if self.tokenizer is None:
+            raise ValueError("ManagedServer needs a tokenizer (pass tokenizer=..., e.g. self.tokenizer)")
+        self.track_tree = track_tree
+        self.tool_parser = tool_parser
+        self.preserve_think_blocks = preserve_think_blocks
+        self.current_nodes: list[SequenceNode] = []
+        self.sequences: dict[str, SequenceNode] = {}
+        self._warned_tools = False
+
+    # -- state ---------------------------------------------------------------------------
+    def get_state(self) -> dict[str, Any]:
+        if self.track_tree:
+            return {"sequences": copy.deepcopy(self.sequences), "tree": copy.deepcopy(self.sequences)}
+        return {"nodes": copy.deepcopy(self.current_nodes)}
+
+    def reset(self) -> None:
+        self.current_nodes.clear()
+        self.sequences.clear()
+
+    # -- prompts -----------------------------------------------------------------------------
+    def render(self, messages: list[dict[str, Any]], tools: Any = None) -> str:
+        """The prompt text of `messages` under the tokenizer's chat template."""
+        replayed = [self._mark_think(m) for m in messages]
+        add_generation_prompt = not messages or messages[-1].get("role") != "assistant"
+        if getattr(self.tokenizer, "chat_template", None):
+            kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": add_generation_prompt}
+            if tools:
+                kwargs["tools"] = tools
+            prompt = self.tokenizer.apply_chat_template(replayed, **kwargs)
+        else:
+            prompt = "\n".join(f"{m.get('role')}: {m.get('content')}" for m in replayed)
+        return prompt.replace(THINK_OPEN_MARK, THINK_OPEN).replace(THINK_CLOSE_MARK, THINK_CLOSE)
+
+    def _mark_think(self, message: dict[str, Any]) -> dict[str, Any]:
+        if self.preserve_think_blocks or message.get("role") != "assistant" or not isinstance(message.get("content"), str):
+            return message
+        content = message["content"].replace(THINK_OPEN, THINK_OPEN_MARK).replace(THINK_CLOSE, THINK_CLOSE_MARK)
+        return {**message, "content": content}
+
+    def _encode(self, text: str, special: bool) -> list[int]:
+        return token_ids(self.tokenizer.encode(text, add_special_tokens=special))
+
+    def _extending_node(self, prompt: str) -> tuple[Optional[SequenceNode], list[int]]:
+        """The node this prompt continues (token-prefix match) and the prompt's ids."""
+        if self.track_tree:
+            parent = self.sequences.get(prompt)
+            return parent, list(parent.tokens) if parent else self._encode(prompt, True)
+        for node in self.current_nodes:
+            if prompt.startswith(node.full_text):
+                suffix = prompt[len(node.full_text):]
+                return node, list(node.tokens) + (self._encode(suffix, False) if suffix else [])
+        return None, self._encode(prompt, True)
+
+    # -- calls ----------------------------------------------------------------------------------
+    async def chat_completion(self, **kwargs: Any) -> ChatCompletion:
+        messages = kwargs.pop("messages")
+        tools = kwargs.pop("tools", None)
+        kwargs.pop("tool_choice", None)
+        if tools and not self.tool_parser and not self._warned_tools:
+            log.warning("tools are rendered into the prompt, but no tool parser is configured to read calls back")
+            self._warned_tools = True
+        prompt = self.render(messages, tools)
+        texts, reasons = await self._generate(prompt, kwargs, skip_special=not tools)
+        choices = [
+            Choice(index=i, finish_reason=reasons[i], message=ChatCompletionMessage(role="assistant", content=texts[i]))
+            for i in range(len(texts))
+        ]
+        return ChatCompletion(id=f"chatcmpl-{uuid.uuid4().hex}", object="chat.completion", created=int(time.time()),
+                              model=self._model(), choices=choices)
+
+    async def completion(self, **kwargs: Any) -> Completion:
+        prompt = str(kwargs.pop("prompt"))
+        texts, reasons = await self._generate(prompt, kwargs, skip_special=True)
+        choices = [CompletionChoice(index=i, finish_reason=reasons[i], text=texts[i]) for i in range(len(texts))]
+        return Completion(id=f"cmpl-{uuid.uuid4().hex}", object="text_completion", created=int(time.time()),
+                          model=self._model(), choices=choices)
+
+    async def get_logprobs(self, **kwargs: Any) -> Any:
+        if "messages" in kwargs:
+            kwargs["prompt"] = self.render(kwargs.pop("messages"))
+        if not hasattr(self.server, "get_logprobs"):
+            raise NotImplementedError(f"{type(self.server).__name__} cannot score prompts")
+        return await self.server.get_logprobs(**kwargs)
+
+    def _model(self) -> str:
+        return getattr(getattr(self.server, "config", None), "model_name", "managed")
+
+    async def _generate(self, prompt: str, kwargs: dict[str, Any], skip_special: bool) -> tuple[list[str], list[str]]:
+        extending, input_ids = self._extending_node(prompt)
+        kwargs.setdefault("model", self._model())
+        _, outputs, logprobs, finish_reasons = await self.server.tokens_and_logprobs_completion(
+            prompt=prompt, input_ids=input_ids, **kwargs
+        )
+        texts, reasons = [], []
+        for i, completion in enumerate(outputs):
+            reason = finish_reasons[i] if i < len(finish_reasons) else "stop"
+            reason = getattr(reason, "type", reason) or "stop"
+            text = self.tokenizer.decode(completion, skip_special_tokens=skip_special)
+            completion_logprobs = (list(logprobs[i]) + [1.0] * len(completion))[: len(completion)]
+            node = self._node(prompt, input_ids, extending, completion, completion_logprobs, text, reason)
+            self._store(node, extending, first=(i == 0))
+            texts.append(text)
+            reasons.append(reason)
+        return texts, reasons
+
+    def _node(self, prompt: str, input_ids: list[int], extending: Optional[SequenceNode], completion: list[int],
+              completion_logprobs: list[float], text: str, reason: str) -> SequenceNode:
+        if extending is not None and not self.track_tree:
+            new_prompt = len(input_ids) - len(extending.tokens)
+            masks = list(extending.masked_tokens) + [-100] * new_prompt + list(completion)
+            logprobs = list(extending.logprobs) + [1.0] * new_prompt + completion_logprobs
+        else:
+            masks = [-100] * len(input_ids) + list(completion)
+            logprobs = [1.0] * len(input_ids) + completion_logprobs
+        return SequenceNode(full_text=prompt + text, tokens=list(input_ids) + list(completion),
+                            masked_tokens=masks, logprobs=logprobs, metadata={"finish_reason": reason})
+
+    def _store(self, node: SequenceNode, extending: Optional[SequenceNode], first: bool) -> None:
+        if self.track_tree:
+            self.sequences[node.full_text] = node
+            return
+        if first and extending is not None:
+            for index, existing in enumerate(self.current_nodes):
+                if existing is extending:
+                    self.current_nodes[index] = node
+                    return
+        self.current_nodes.append(node)
+
+
+class DummyManagedServer:
+    """For OpenAI endpoints, which return no token ids: real answers, placeholder nodes.
+    Never train on its nodes."""
+
+    def __init__(self, server: Any, tokenizer: Any = None, track_tree: bool = False) -> None:
+        self.server = server
+        self.tokenizer = tokenizer
+        self.current_nodes: list[SequenceNode] = []
+
+    def _placeholder(self, text: str, reason: str) -> SequenceNode:
+        return SequenceNode(full_text=text, tokens=list(range(128)), masked_tokens=[-100, *range(1, 128)],
+                            logprobs=[-0.5] * 128, metadata={"finish_reason": reason, "dummy_tokens": True})
+
+    async def chat_completion(self, **kwargs: Any) -> Any:
+        response = await self.server.chat_completion(**kwargs)
+        rendered = "\n\n".join(f"{m.get('role')}:{m.get('content')}" for m in kwargs.get("messages", []))
+        for choice in response.choices:
+            self.current_nodes.append(self._placeholder(f"{rendered}\n\nassistant:{choice.message.content}",
+                                                        choice.finish_reason or "stop"))
+        return response
+
+    async def completion(self, **kwargs: Any) -> Any:
+        response = await self.server.completion(**kwargs)
+        for choice in response.choices:
+            self.current_nodes.append(self._placeholder(str(kwargs.get("prompt", "")) + choice.text,
+                                                        choice.finish_reason or "stop"))
+        return response
+
+    async def get_logprobs(self, **kwargs: Any) -> Any:
+        raise NotImplementedError("OpenAI endpoints do not return prompt logprobs")
+
+    def get_state(self) -> dict[str, Any]:
+        return {"nodes": copy.deepcopy(self.current_nodes)}
+
+    def reset(self) -> None:
+        self.current_nodes.clear()
+
+
+class ManagedServerAdapter:
+    """An AsyncOpenAI look-alike over a managed server, for third-party libraries."""
+
+    class _Endpoint:
+        def __init__(self, create: Any) -> None:
+            self.create = create
+
+    def __init__(self, managed_server: Any, base_url: str) -> None:
+        self.base_url = base_url
+        self.chat = type("Chat", (), {})()
+        self.chat.completions = self._Endpoint(managed_server.chat_completion)
+        self.completions = self._Endpoint(managed_server.completion)
+
+    def post(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError("ManagedServerAdapter supports chat.completions.create and completions.create only")
+
+    def copy(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError("ManagedServerAdapter cannot be copied")
