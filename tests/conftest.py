@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 import pytest
@@ -53,6 +54,14 @@ def group(size: int = 8, env_id: Optional[int] = None, length: int = 4, score: f
         body["env_id"] = env_id
     body.update(extra)
     return body
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small transformers tokenizer folder with a chat template (built offline)."""
+    from tests.tokenizer_fixture import build_tokenizer
+
+    return build_tokenizer(tmp_path_factory.mktemp("tokenizer"))
 
 
 @pytest.fixture

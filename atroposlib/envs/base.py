@@ -29,6 +29,7 @@ from atroposlib.envs.server_handling.server_manager import ServerManager
 from atroposlib.envs.types import EvalHandlingEnum, ScoredDataGroup, ScoredDataItem
 from atroposlib.envs.wandb_logging import WandbRun
 from atroposlib.type_definitions import Item
+from atroposlib.utils.metrics import get_std_min_max_avg
 
 __all__ = [
     "APIServer", "APIServerConfig", "BaseEnv", "BaseEnvConfig", "EvalHandlingEnum", "ScoredDataGroup",
@@ -250,7 +251,7 @@ class BaseEnv(ABC):
             ("train_perf/workers_added_per_attempt", self.workers_added_list),
         ):
             if len(values) > 1:
-                metrics.update(_std_min_max_avg(key, values))
+                get_std_min_max_avg(key, values, metrics)
                 if key == "train_perf/succeeded_task_duration":
                     metrics["train/items_sent_to_api"] = len(values)
                 if key == "train_perf/failed_task_duration":
@@ -357,13 +358,6 @@ def _group_from_items(results: list[tuple[ScoredDataItem, list[Item]]], group_si
     if len(results) < group_size:
         group["group_overrides"]["group_size"] = len(results)
     return group
-
-
-def _std_min_max_avg(name: str, values: list[float]) -> dict[str, float]:
-    return {
-        f"{name}_mean": statistics.fmean(values), f"{name}_std": statistics.pstdev(values),
-        f"{name}_max": max(values), f"{name}_min": min(values),
-    }
 
 
 def _load_tokenizer(name: str) -> Any:

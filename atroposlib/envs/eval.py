@@ -11,6 +11,8 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, Optional
 
+from atroposlib.utils.display import display_metrics_table
+
 log = logging.getLogger("atroposlib.envs")
 
 
@@ -22,15 +24,6 @@ def pass_at_k(m: int, c: int, k: int) -> float:
     for i in range(m - c + 1, m + 1):
         product *= 1.0 - k / i
     return 1.0 - product
-
-
-def display_metrics_table(task_name: str, metrics: dict[str, Any], start_time: float, end_time: float) -> None:
-    width = max([len(k) for k in metrics] + [len("metric")])
-    print(f"\n{task_name} ({end_time - start_time:.2f} s)")
-    print(f"{'metric':<{width}}  value")
-    for key, value in metrics.items():
-        shown = f"{value:.4f}" if isinstance(value, float) else str(value)
-        print(f"{key:<{width}}  {shown}")
 
 
 def evaluate_log(

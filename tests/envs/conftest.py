@@ -12,14 +12,8 @@ import httpx
 import pytest
 
 from tests.helpers import free_port
-from tests.tokenizer_fixture import build_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-
-
-@pytest.fixture(scope="session")
-def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tokenizer(tmp_path_factory.mktemp("tokenizer"))
 
 
 def start_fake_inference(latency: float = 0.0) -> tuple[subprocess.Popen, str]:

@@ -9,7 +9,6 @@ import pytest
 transformers = pytest.importorskip("transformers")
 
 from atroposlib.utils.tokenize_for_trainer import token_ids, tokenize_for_trainer  # noqa: E402
-from tests.tokenizer_fixture import build_tokenizer  # noqa: E402
 
 CHAT = [
     {"role": "system", "content": "You are a helpful assistant."},
@@ -18,9 +17,9 @@ CHAT = [
 ]
 
 
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory: pytest.TempPathFactory):
-    return transformers.AutoTokenizer.from_pretrained(build_tokenizer(tmp_path_factory.mktemp("tok")))
+@pytest.fixture
+def tokenizer(tokenizer_dir: Path):
+    return transformers.AutoTokenizer.from_pretrained(tokenizer_dir)
 
 
 def test_last_turn_is_the_only_trainable_part(tokenizer) -> None:
