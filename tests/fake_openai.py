@@ -74,10 +74,16 @@ COMPLETION_IDS = [11, 12, 13]
 
 
 @app.post("/generate")
-async def generate(request: Request) -> dict[str, Any]:
-    """vLLM-style token route: every choice samples COMPLETION_IDS with logprob -0.1 x position."""
+async def generate(request: Request) -> Any:
+    """Token route, vLLM style (``prompt``) or SGLang style (``input_ids``): every choice
+    samples COMPLETION_IDS with logprob -0.1 x position."""
     body = await request.json()
     await asyncio.sleep(LATENCY_S)
+    if "input_ids" in body:
+        n = int(body["sampling_params"].get("n") or 1)
+        triples = [[-0.1 * (k + 1), t, None] for k, t in enumerate(COMPLETION_IDS)]
+        return [{"text": "", "meta_info": {"output_token_logprobs": triples, "finish_reason": {"type": "stop"}}}
+                for _ in range(n)]
     prompt_ids = body["prompt"]["prompt_token_ids"]
     n = int(body.get("n") or 1)
     result: dict[str, Any] = {
@@ -89,6 +95,13 @@ async def generate(request: Request) -> dict[str, Any]:
     if body.get("prompt_logprobs"):
         result["prompt_logprobs"] = [None] + [{str(t): -1.0} for t in prompt_ids[1:]]
     return result
+
+
+@app.post("/v1/generate/")
+async def trl_generate(request: Request) -> dict[str, Any]:
+    """TRL vllm-serve style: completion ids only."""
+    body = await request.json()
+    return {"completion_ids": [COMPLETION_IDS for _ in range(int(body.get("n") or 1)) for _ in body["prompts"]]}
 
 
 def main() -> None:

@@ -41,10 +41,15 @@ def backend_class(server_type: str) -> type[APIServer]:
         from atroposlib.envs.server_handling.vllm_server import VLLMServer
 
         return VLLMServer
-    raise ValueError(
-        f"server_type {server_type!r} is not available in this version of atroposlib (supported: 'openai', "
-        "'vllm'; SGLang servers also speak the OpenAI protocol)"
-    )
+    if server_type == "sglang":
+        from atroposlib.envs.server_handling.sglang_server import SGLangServer
+
+        return SGLangServer
+    if server_type == "trl":
+        from atroposlib.envs.server_handling.trl_vllm_server import TrlVllmServer
+
+        return TrlVllmServer
+    raise ValueError(f"unknown server_type {server_type!r}: use openai, vllm, sglang or trl")
 
 
 def slurm_inference_urls() -> list[str]:

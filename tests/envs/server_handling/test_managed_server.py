@@ -111,3 +111,26 @@ def test_testing_harness_supports_managed_server(tokenizer) -> None:
             return type(managed).__name__
 
     assert asyncio.run(enter()) == "ManagedServer"
+
+
+def test_sglang_and_trl_backends(inference_url: str, tokenizer_dir: Path) -> None:
+    sglang = APIServerConfig(base_url=inference_url, server_type="sglang", tokenizer_name=str(tokenizer_dir))
+    trl = APIServerConfig(base_url=inference_url, server_type="trl", model_name=str(tokenizer_dir))
+
+    async def scenario():
+        results = []
+        for config in (sglang, trl):
+            manager = ServerManager(config)
+            try:
+                if config.server_type == "sglang":
+                    results.append(await manager.tokens_and_logprobs_completion(input_ids=[1, 2], n=2))
+                else:
+                    results.append(await manager.chat_completion(messages=[{"role": "user", "content": "hi"}], n=2))
+            finally:
+                await manager.close()
+        return results
+
+    (ids, outputs, logprobs, reasons), chat = asyncio.run(scenario())
+    assert ids == [1, 2] and outputs == [COMPLETION_IDS] * 2 and reasons == [{"type": "stop"}] * 2
+    assert logprobs[0] == pytest.approx([-0.1, -0.2, -0.3])
+    assert len(chat.choices) == 2 and chat.choices[0].finish_reason == "length"

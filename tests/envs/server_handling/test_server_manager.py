@@ -79,5 +79,5 @@ def test_reasoning_injection() -> None:
 
 
 def test_unknown_backend_is_a_clear_error() -> None:
-    with pytest.raises(ValueError, match="not available"):
-        ServerManager(APIServerConfig(base_url="http://x/v1", server_type="sglang"))
+    with pytest.raises(ValueError, match="unknown server_type"):
+        ServerManager(APIServerConfig.model_construct(base_url="http://x/v1", server_type="tgi"))
