@@ -15,6 +15,7 @@ import logging
 import os
 import statistics
 import time
+import uuid
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -207,8 +208,6 @@ class BaseEnv(ABC):
         client = getattr(self, "api", None)
         if client is None:
             raise RuntimeError("not connected to a trajectory API (serve mode sets self.api)")
-        import uuid
-
         payload = [dict(g, env_id=self.env_id, submission_id=uuid.uuid4().hex) for g in groups]
         self.items_sent_this_step += len(payload)
         if single and len(payload) == 1:

@@ -171,7 +171,7 @@ def worker_cap(env: Any, status: dict[str, Any]) -> int:
     return cap
 
 
-async def run_item(env: Any, key: str, item: Any, attempt: int) -> None:
+async def run_item(env: Any, key: str, item: Any) -> None:
     """One rollout: collect, post-process, send; timing and backlog bookkeeping."""
     started = time.monotonic()
     result = None
@@ -202,7 +202,7 @@ async def run_item(env: Any, key: str, item: Any, attempt: int) -> None:
 
 def spawn(env: Any, item: Any, attempt: int = 0) -> None:
     key = uuid.uuid4().hex
-    task = asyncio.create_task(run_item(env, key, item, attempt))
+    task = asyncio.create_task(run_item(env, key, item))
     env.running_items[key] = {"item": item, "worker": task, "start_time": time.monotonic(), "attempt": attempt}
     env.workers.add(task)
     task.add_done_callback(env.workers.discard)

@@ -176,7 +176,7 @@ class ManagedServer:
 
 
 class DummyManagedServer:
-    """For OpenAI endpoints, which return no token ids: real answers, placeholder nodes.
+    """For OpenAI endpoints, which return no token ids: real answers, nodes of dummy tokens.
     Never train on its nodes."""
 
     def __init__(self, server: Any, tokenizer: Any = None, track_tree: bool = False) -> None:
@@ -184,7 +184,7 @@ class DummyManagedServer:
         self.tokenizer = tokenizer
         self.current_nodes: list[SequenceNode] = []
 
-    def _placeholder(self, text: str, reason: str) -> SequenceNode:
+    def _dummy_node(self, text: str, reason: str) -> SequenceNode:
         return SequenceNode(full_text=text, tokens=list(range(128)), masked_tokens=[-100, *range(1, 128)],
                             logprobs=[-0.5] * 128, metadata={"finish_reason": reason, "dummy_tokens": True})
 
@@ -192,14 +192,14 @@ class DummyManagedServer:
         response = await self.server.chat_completion(**kwargs)
         rendered = "\n\n".join(f"{m.get('role')}:{m.get('content')}" for m in kwargs.get("messages", []))
         for choice in response.choices:
-            self.current_nodes.append(self._placeholder(f"{rendered}\n\nassistant:{choice.message.content}",
+            self.current_nodes.append(self._dummy_node(f"{rendered}\n\nassistant:{choice.message.content}",
                                                         choice.finish_reason or "stop"))
         return response
 
     async def completion(self, **kwargs: Any) -> Any:
         response = await self.server.completion(**kwargs)
         for choice in response.choices:
-            self.current_nodes.append(self._placeholder(str(kwargs.get("prompt", "")) + choice.text,
+            self.current_nodes.append(self._dummy_node(str(kwargs.get("prompt", "")) + choice.text,
                                                         choice.finish_reason or "stop"))
         return response
 

@@ -202,9 +202,9 @@ class ServerManager:
             if os.environ.get("ATROPOS_ALLOW_DUMMY_MANAGED_SERVER", "").lower() not in ("1", "true", "yes"):
                 raise NotImplementedError(
                     "managed_server() needs token ids, which OpenAI endpoints do not return: use server_type vllm, "
-                    "or set ATROPOS_ALLOW_DUMMY_MANAGED_SERVER=1 to get placeholder tokens (never train on them)"
+                    "or set ATROPOS_ALLOW_DUMMY_MANAGED_SERVER=1 to get dummy tokens (never train on them)"
                 )
-            log.warning("managed_server() on an OpenAI endpoint: placeholder tokens, not for training")
+            log.warning("managed_server() on an OpenAI endpoint: dummy tokens, not for training")
             managed: Any = DummyManagedServer(server, tokenizer)
         else:
             managed = ManagedServer(server, tokenizer, tool_parser=self.tool_parser,
