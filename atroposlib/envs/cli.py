@@ -10,10 +10,8 @@ suggestion.
 
 from __future__ import annotations
 
-import difflib
 import logging
 import sys
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -30,30 +28,16 @@ from atroposlib.envs.server_handling.resolve import (
     merged_openai_mapping,
     resolve_openai_configs,
 )
+from atroposlib.utils.cli import Flag, parse_flags
 
 log = logging.getLogger("atroposlib.envs")
 
 MODES = ("serve", "process", "evaluate")
 MANAGER_FLAGS = ("slurm", "testing", "max_n_completions", "proxy_url")
-TRUE_WORDS, FALSE_WORDS = {"true", "1", "yes", "on"}, {"false", "0", "no", "off"}
 MODE_DEFAULTS: dict[str, dict[str, Any]] = {
     "process": {"ensure_scores_are_not_same": False, "include_messages": True, "use_wandb": True},
     "evaluate": {"use_wandb": True},
 }
-
-
-@dataclass
-class Flag:
-    name: str
-    annotation: Any
-    default: Any
-    help: str
-
-    @property
-    def is_bool(self) -> bool:
-        return self.annotation is bool or (
-            typing.get_origin(self.annotation) is typing.Union and bool in typing.get_args(self.annotation)
-        )
 
 
 @dataclass
@@ -82,46 +66,6 @@ def available_flags(env_config_cls: type[BaseModel]) -> dict[str, Flag]:
         flags[name] = Flag(name, info.annotation, info.default, info.description or "")
     flags["config"] = Flag("config", str, None, "YAML file with env:, openai:, slurm: and testing: sections.")
     return flags
-
-
-def _looks_like_value(token: str) -> bool:
-    if not token.startswith("-"):
-        return True
-    try:
-        float(token)
-        return True
-    except ValueError:
-        return False
-
-
-def parse_flags(tokens: Sequence[str], flags: dict[str, Flag]) -> dict[str, Any]:
-    """Raw flag values by name; raises `ConfigError` for unknown or malformed flags."""
-    values: dict[str, Any] = {}
-    i = 0
-    while i < len(tokens):
-        token = tokens[i]
-        if not token.startswith("--"):
-            raise ConfigError(f"unexpected argument {token!r}")
-        name, has_value, value = token[2:].partition("=")
-        spec = flags.get(name)
-        if spec is None:
-            close = difflib.get_close_matches(name, flags, n=1)
-            hint = f"; did you mean --{close[0]}?" if close else ""
-            raise ConfigError(f"unknown option --{name}{hint}")
-        if not has_value:
-            following = tokens[i + 1] if i + 1 < len(tokens) else None
-            if spec.is_bool:
-                if following is not None and following.lower() in TRUE_WORDS | FALSE_WORDS | {"none"}:
-                    value, i = following, i + 1
-                else:
-                    value = "true"
-            elif following is not None and _looks_like_value(following):
-                value, i = following, i + 1
-            else:
-                raise ConfigError(f"--{name} needs a value")
-        values[name] = None if value == "None" else value
-        i += 1
-    return values
 
 
 def _namespace(values: dict[str, Any], prefix: str) -> dict[str, Any]:

@@ -8,12 +8,9 @@ from typing import Any, Optional, Union
 from pydantic import ValidationError
 
 from atroposlib.envs.server_handling.configs import APIServerConfig, ServerBaseline
+from atroposlib.utils.cli import ConfigError
 
 ServerConfigs = Union[ServerBaseline, APIServerConfig, list[APIServerConfig]]
-
-
-class ConfigError(ValueError):
-    """The command line or YAML cannot be turned into a valid configuration."""
 
 
 def _single_default(default: ServerConfigs) -> Optional[ServerBaseline]:
