@@ -72,3 +72,18 @@ def test_failures_score_zero_and_bad_registrations_are_refused() -> None:
 def test_load_required_functions() -> None:
     config = {"datasets": [{"dataset_reward_funcs": ["accuracy"]}], "reward_functions": [{"type": "format"}]}
     assert registry.load_required_functions(config) == ["accuracy", "format"]
+
+
+def test_repetition_penalty() -> None:
+    reward = registry.create("repetition_penalty")
+    varied = ("Photosynthesis converts light into chemical energy. Plants store that energy as sugar. "
+              "Animals later eat those plants and release the stored energy through respiration.")
+    looping = "The cat sat on the mat today. " * 4
+    stutter = ("We we we need need need more more more data data data. Models models models learn learn "
+               "learn slowly slowly slowly anyway.")
+    scores = reward.compute([varied, looping, "Too short.", stutter])
+    assert scores[0] == 0.0
+    assert scores[1] == pytest.approx(-0.6 - 0.4 * min(1, 3 / 4))
+    assert scores[2] == -0.1
+    assert -1.0 <= scores[3] <= -0.1
+    assert registry.get("repetition_penalty").__name__ == "RepetitionPenaltyReward"
