@@ -21,6 +21,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionMessage
 from openai.types.chat.chat_completion import Choice
 from pydantic import BaseModel
 
+from atroposlib.envs.server_handling.tool_call_translator import ToolCallTranslator
 from atroposlib.utils.tokenize_for_trainer import token_ids
 
 log = logging.getLogger("atroposlib.inference")
@@ -54,6 +55,7 @@ class ManagedServer:
         self.current_nodes: list[SequenceNode] = []
         self.sequences: dict[str, SequenceNode] = {}
         self._warned_tools = False
+        self.translator = ToolCallTranslator(self.tokenizer, tool_parser) if tool_parser else None
 
     # -- state ---------------------------------------------------------------------------
     def get_state(self) -> dict[str, Any]:
@@ -103,16 +105,23 @@ class ManagedServer:
     async def chat_completion(self, **kwargs: Any) -> ChatCompletion:
         messages = kwargs.pop("messages")
         tools = kwargs.pop("tools", None)
-        kwargs.pop("tool_choice", None)
-        if tools and not self.tool_parser and not self._warned_tools:
+        tool_choice = kwargs.pop("tool_choice", "auto")
+        if tools and self.translator is None and not self._warned_tools:
             log.warning("tools are rendered into the prompt, but no tool parser is configured to read calls back")
             self._warned_tools = True
+        if self.translator is not None:
+            messages = self.translator.convert_messages_for_template(messages)
         prompt = self.render(messages, tools)
         texts, reasons = await self._generate(prompt, kwargs, skip_special=not tools)
-        choices = [
-            Choice(index=i, finish_reason=reasons[i], message=ChatCompletionMessage(role="assistant", content=texts[i]))
-            for i in range(len(texts))
-        ]
+        choices = []
+        for i, text in enumerate(texts):
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            reason = reasons[i]
+            if self.translator is not None and tools:
+                content, calls, parsed_reason = self.translator.parse_model_output(text, tool_choice, tools)
+                if calls:
+                    message, reason = {"role": "assistant", "content": content or None, "tool_calls": calls}, parsed_reason
+            choices.append(Choice(index=i, finish_reason=reason, message=ChatCompletionMessage.model_validate(message)))
         return ChatCompletion(id=f"chatcmpl-{uuid.uuid4().hex}", object="chat.completion", created=int(time.time()),
                               model=self._model(), choices=choices)
 

@@ -1,0 +1,46 @@
+"""Tool calls: parsed from Hermes-format text, replayed with the exact raw text."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import transformers
+
+from atroposlib.envs.server_handling.managed_server import ManagedServer
+from atroposlib.envs.server_handling.tool_call_translator import ToolCallTranslator
+from atroposlib.utils.tool_call_parser import extract_tool_call, parse_tool_call
+from tests.envs.server_handling.test_managed_server import TokenHarness
+
+TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+RAW = 'Let me add.<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>'
+
+
+def test_parse_tool_call() -> None:
+    assert extract_tool_call(RAW) == '{"name": "add", "arguments": {"a": 1, "b": 2}}'
+    assert parse_tool_call(RAW, TOOLS) == ("add", {"a": 1, "b": 2}, False)
+    assert parse_tool_call("<tool_call>{'name': 'add', 'arguments': {}}</tool_call>") == ("add", {}, False)
+    assert parse_tool_call('<tool_call>{"name": "it\'s", "arguments": {"q": "it\'s"}}</tool_call>') == ("it's", {"q": "it's"}, False)
+    assert parse_tool_call(RAW, [{"name": "other"}]) == ("-ERROR-", {"a": 1, "b": 2}, True)
+    assert parse_tool_call("no call") == ("-ERROR-", {}, True)
+
+
+def test_translator_round_trip(tokenizer_dir: Path) -> None:
+    translator = ToolCallTranslator(transformers.AutoTokenizer.from_pretrained(tokenizer_dir))
+    content, calls, reason = translator.parse_model_output(RAW, "auto", TOOLS)
+    assert (content, reason, calls[0]["function"]["name"]) == ("Let me add.", "tool_calls", "add")
+    assert translator.parse_model_output(RAW, "none", TOOLS) == (RAW, None, "stop")
+    replay = translator.convert_messages_for_template([{"role": "assistant", "content": content, "tool_calls": calls}])
+    assert replay == [{"role": "assistant", "content": RAW}]
+    foreign = [{"id": "x", "function": {"name": "add", "arguments": '{"a": 1}'}}]
+    assert translator.reconstruct_raw_text_from_tool_calls(foreign) == ('<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>', False)
+
+
+def test_managed_server_returns_tool_calls(tokenizer_dir: Path) -> None:
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_dir)
+    completion = tokenizer.encode(RAW, add_special_tokens=False)
+    managed = ManagedServer(TokenHarness(completion), tokenizer, tool_parser="hermes")
+    response = asyncio.run(managed.chat_completion(messages=[{"role": "user", "content": "1 + 2?"}], tools=TOOLS))
+    choice = response.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.tool_calls[0].function.name == "add"
+    assert managed.get_state()["nodes"][0].full_text.endswith(RAW)
