@@ -50,6 +50,7 @@ class RunSettings:
     manager: ServerManagerConfig
     yaml_path: Optional[Path] = None
     openai_flags: dict[str, Any] = field(default_factory=dict)
+    teacher_configs: Optional[ServerConfigs] = None
 
 
 def _model_flags(prefix: str, model: type[BaseModel]) -> dict[str, Flag]:
@@ -59,8 +60,10 @@ def _model_flags(prefix: str, model: type[BaseModel]) -> dict[str, Flag]:
     }
 
 
-def available_flags(env_config_cls: type[BaseModel]) -> dict[str, Flag]:
+def available_flags(env_config_cls: type[BaseModel], teacher_namespace: Optional[str] = None) -> dict[str, Flag]:
     flags = {**_model_flags(ENV_NAMESPACE, env_config_cls), **_model_flags(OPENAI_NAMESPACE, APIServerConfig)}
+    if teacher_namespace:
+        flags.update(_model_flags(teacher_namespace, APIServerConfig))
     for name in MANAGER_FLAGS:
         info = ServerManagerConfig.model_fields[name]
         flags[name] = Flag(name, info.annotation, info.default, info.description or "")
@@ -79,7 +82,7 @@ def _load_yaml(path: Optional[str], env_config_cls: type[BaseModel]) -> dict[str
     document = yaml.safe_load(Path(path).read_text()) or {}
     if not isinstance(document, dict):
         raise ConfigError(f"{path} must hold a mapping with env:, openai:, slurm:, testing: sections")
-    known_sections = {ENV_NAMESPACE, OPENAI_NAMESPACE, *MANAGER_FLAGS}
+    known_sections = {ENV_NAMESPACE, OPENAI_NAMESPACE, "teacher", *MANAGER_FLAGS}
     for section in set(document) - known_sections:
         log.info("ignoring YAML section %r (not used by environments)", section)
     for key in set(document.get(ENV_NAMESPACE) or {}) - set(env_config_cls.model_fields):
@@ -107,7 +110,8 @@ def resolve_settings(env_cls: Any, argv: Sequence[str]) -> RunSettings:
     mode = argv[0]
     default_env, default_servers = env_cls.config_init()
     env_config_cls = type(default_env)
-    flags = available_flags(env_config_cls)
+    teacher_namespace = getattr(env_cls, "teacher_namespace", None)
+    flags = available_flags(env_config_cls, teacher_namespace)
     if "--help" in argv[1:] or "-h" in argv[1:]:
         print(help_text(Path(sys.argv[0]).name, mode, flags))
         raise SystemExit(0)
@@ -137,7 +141,22 @@ def resolve_settings(env_cls: Any, argv: Sequence[str]) -> RunSettings:
         manager = ServerManagerConfig(**manager_values)
     except ValidationError as exc:
         raise ConfigError(f"invalid server manager settings: {exc}") from None
-    return RunSettings(mode, env_config, servers, manager, Path(values["config"]) if values.get("config") else None, cli_openai)
+    teacher = _resolve_teacher(env_cls, teacher_namespace, values, document)
+    return RunSettings(mode, env_config, servers, manager, Path(values["config"]) if values.get("config") else None,
+                       cli_openai, teacher)
+
+
+def _resolve_teacher(env_cls: Any, namespace: Optional[str], values: dict[str, Any], document: dict[str, Any]) -> Optional[ServerConfigs]:
+    """Teacher server configs from ``--teacher.*`` / YAML ``teacher:`` / ``teacher_config_init()``."""
+    if not namespace:
+        return None
+    default = env_cls.teacher_config_init()
+    cli_teacher, yaml_teacher = _namespace(values, namespace), document.get(namespace)
+    if default is None and not cli_teacher and not yaml_teacher:
+        return None
+    base = default if default is not None else APIServerConfig()
+    merged = merged_openai_mapping(base, yaml_teacher, cli_teacher)
+    return resolve_openai_configs(base, merged, {OPENAI_NAMESPACE: yaml_teacher}, cli_teacher, log)
 
 
 def describe(settings: RunSettings) -> str:

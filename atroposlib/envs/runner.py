@@ -17,6 +17,8 @@ log = logging.getLogger("atroposlib.envs")
 
 def build_env(env_cls: Any, settings: RunSettings) -> Any:
     env_cls._manager_settings = settings.manager
+    if settings.teacher_configs is not None:  # picked up by TeacherDistillationEnv.__init__
+        env_cls._teacher_server_configs = settings.teacher_configs
     return env_cls(
         config=settings.env_config, server_configs=settings.server_configs,
         slurm=settings.manager.slurm, testing=settings.manager.testing,
