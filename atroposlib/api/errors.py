@@ -50,6 +50,11 @@ class ApiError(Exception):
         )
 
 
+def not_registered() -> ApiError:
+    """The error of endpoints that need a registered trainer."""
+    return ApiError(409, "not_registered", "no trainer has registered: call /register first")
+
+
 def error_body(code: str, message: str, details: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     return {"status": "error", "error": {"code": code, "message": message, "details": details or {}}}
 

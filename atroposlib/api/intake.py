@@ -44,9 +44,10 @@ class Intake:
         """Store one checked group (`stored`: its bytes as they will be kept); the
         caller holds the journal transaction and has called `check_env`."""
         state = self.state
-        if key is not None and key in state.responses:
+        repeated = self.repeat_answer(key)
+        if repeated is not None:
             self._count(submission.env_id, "duplicate")
-            return {**orjson.loads(state.responses[key][1]), "duplicate": True}
+            return repeated
         env_index = state.env_index(submission.env_id)
         warnings = list(submission.warnings)
         entry = Entry(state.next_seq, submission.size, submission.env_id, state.clock())
@@ -137,6 +138,12 @@ class Intake:
     def _set_latest(self, seq: int) -> None:
         self.state.latest_seq = seq
         self.state.journal.set_meta("latest_seq", seq)
+
+    def repeat_answer(self, key: Optional[str]) -> Optional[dict[str, Any]]:
+        """The original answer, marked ``duplicate``, if submission `key` was seen."""
+        if key is None or key not in self.state.responses:
+            return None
+        return {**orjson.loads(self.state.responses[key][1]), "duplicate": True}
 
     def remember(self, key: str, response: dict[str, Any]) -> None:
         """Answer later repeats of submission `key` with `response`."""

@@ -33,7 +33,7 @@ import sqlite3
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Optional
+from typing import Any, Iterable, Iterator, Optional
 
 import orjson
 

@@ -8,7 +8,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
-from atroposlib.api.errors import ApiError, BodyInvalid, dump_json
+from atroposlib.api.errors import BodyInvalid, dump_json, not_registered
 from atroposlib.api.runtime import Runtime
 from atroposlib.api.validation import schema_problems
 
@@ -41,4 +41,4 @@ def parse_body(adapter: TypeAdapter[Any] | type[BaseModel], body: bytes) -> Any:
 
 def require_registered(runtime_: Runtime) -> None:
     if not runtime_.state.registered:
-        raise ApiError(409, "not_registered", "no trainer has registered: call /register first")
+        raise not_registered()

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-import orjson
 from fastapi import APIRouter, Request
 from pydantic import TypeAdapter
 from starlette.responses import Response
 
-from atroposlib.api.errors import ApiError
+from atroposlib.api.errors import ApiError, BodyInvalid
 from atroposlib.api.items import item_json, served_item
 from atroposlib.api.middleware import GZIP_BODY_SCOPE_KEY
-from atroposlib.api.errors import ApiError, BodyInvalid
 from atroposlib.api.responses import json_response, parse_body, runtime
 from atroposlib.api.validation import InvalidGzip, PayloadTooLarge, summarize
 from atroposlib.wire import EnvIdentifier, RegisterEnv, ScoredData
@@ -65,8 +63,9 @@ async def scored_data_list(request: Request) -> Response:
     rt = runtime(request)
     state = rt.state
     list_key = _idempotency_key(request)
-    if list_key is not None and list_key in state.responses:
-        return json_response({**orjson.loads(state.responses[list_key][1]), "duplicate": True})
+    repeated = rt.intake.repeat_answer(list_key)
+    if repeated is not None:
+        return json_response(repeated)
     submissions = []
     for i, group in enumerate(groups):
         submission = summarize(group, state.settings.validation, f"body.{i}")

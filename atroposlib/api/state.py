@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional
 
 import orjson
 
-from atroposlib.api.errors import ApiError
+from atroposlib.api.errors import ApiError, not_registered
 from atroposlib.api.journal import Journal
 from atroposlib.api.metrics import ApiMetrics
 from atroposlib.api.queue import Entry, GroupQueue, PendingStats
@@ -318,7 +318,7 @@ class RunState:
 
     def status_env(self, env_id: int) -> dict[str, Any]:
         if not self.registered:
-            raise ApiError(409, "not_registered", "no trainer has registered: call /register first")
+            raise not_registered()
         if self.env_index(env_id) is None:
             raise ApiError(404, "unknown_env", f"env_id {env_id} is not registered", {"env_id": env_id})
         self.touch_env(env_id)

@@ -6,7 +6,6 @@ import json
 import re
 from typing import Any
 
-import orjson
 import pytest
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings

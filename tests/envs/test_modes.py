@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from tests.conftest import registration
-from tests.envs.conftest import ROOT, env_command
+from tests.envs.conftest import env_command
 from tests.helpers import ApiProcess
 
 pytestmark = pytest.mark.slow
