@@ -2,7 +2,8 @@
 
 Flags: ``--env.<field>`` for every field of the env's config class, ``--openai.<field>``
 for every field of `APIServerConfig`, ``--slurm``, ``--testing``, ``--max_n_completions``,
-``--proxy_url`` and ``--config FILE.yaml``. Precedence: flags > YAML > ``config_init()``.
+``--proxy_url``, ``--config FILE.yaml`` and ``--strict-config`` (unknown YAML keys are
+errors instead of warnings). Precedence: flags > YAML > ``config_init()``.
 Values: ``--k v`` or ``--k=v`` (negative numbers included), a bare boolean flag means
 true, ``None`` means null. argv is parsed once; unknown flags are errors with a
 suggestion.
@@ -28,7 +29,7 @@ from atroposlib.envs.server_handling.resolve import (
     merged_openai_mapping,
     resolve_openai_configs,
 )
-from atroposlib.utils.cli import Flag, parse_flags
+from atroposlib.utils.cli import TRUE_WORDS, Flag, parse_flags
 
 log = logging.getLogger("atroposlib.envs")
 
@@ -68,6 +69,7 @@ def available_flags(env_config_cls: type[BaseModel], teacher_namespace: Optional
         info = ServerManagerConfig.model_fields[name]
         flags[name] = Flag(name, info.annotation, info.default, info.description or "")
     flags["config"] = Flag("config", str, None, "YAML file with env:, openai:, slurm: and testing: sections.")
+    flags["strict-config"] = Flag("strict-config", bool, False, "Unknown keys in the YAML env:/openai: sections are errors.")
     return flags
 
 
@@ -76,21 +78,28 @@ def _namespace(values: dict[str, Any], prefix: str) -> dict[str, Any]:
     return {key[len(start):]: value for key, value in values.items() if key.startswith(start)}
 
 
-def _load_yaml(path: Optional[str], env_config_cls: type[BaseModel]) -> dict[str, Any]:
+def _load_yaml(path: Optional[str], env_config_cls: type[BaseModel], strict: bool = False) -> dict[str, Any]:
     if path is None:
         return {}
-    document = yaml.safe_load(Path(path).read_text()) or {}
+    try:
+        document = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read --config {path}: {exc}") from None
     if not isinstance(document, dict):
         raise ConfigError(f"{path} must hold a mapping with env:, openai:, slurm:, testing: sections")
     known_sections = {ENV_NAMESPACE, OPENAI_NAMESPACE, "teacher", *MANAGER_FLAGS}
     for section in set(document) - known_sections:
         log.info("ignoring YAML section %r (not used by environments)", section)
-    for key in set(document.get(ENV_NAMESPACE) or {}) - set(env_config_cls.model_fields):
-        log.warning("YAML env.%s is not a field of %s; ignored", key, env_config_cls.__name__)
+    unknown = [f"env.{key} is not a field of {env_config_cls.__name__}"
+               for key in sorted(set(document.get(ENV_NAMESPACE) or {}) - set(env_config_cls.model_fields))]
     openai_entries = document.get(OPENAI_NAMESPACE) or []
     for entry in openai_entries if isinstance(openai_entries, list) else [openai_entries]:
-        for key in set(entry or {}) - set(APIServerConfig.model_fields):
-            log.warning("YAML openai.%s is not a server setting; ignored", key)
+        unknown += [f"openai.{key} is not a server setting"
+                    for key in sorted(set(entry or {}) - set(APIServerConfig.model_fields))]
+    if unknown and strict:
+        raise ConfigError(f"{path}: " + "; ".join(unknown) + " (--strict-config)")
+    for problem in unknown:
+        log.warning("YAML %s; ignored", problem)
     return document
 
 
@@ -116,7 +125,8 @@ def resolve_settings(env_cls: Any, argv: Sequence[str]) -> RunSettings:
         print(help_text(Path(sys.argv[0]).name, mode, flags))
         raise SystemExit(0)
     values = parse_flags(list(argv[1:]), flags)
-    document = _load_yaml(values.get("config"), env_config_cls)
+    strict = str(values.get("strict-config", "false")).lower() in TRUE_WORDS
+    document = _load_yaml(values.get("config"), env_config_cls, strict)
 
     env_values = {**default_env.model_dump(), **MODE_DEFAULTS.get(mode, {})}
     env_values.update(document.get(ENV_NAMESPACE) or {})

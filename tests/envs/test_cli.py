@@ -48,6 +48,25 @@ def test_precedence_cli_over_yaml_over_defaults(tmp_path: Path) -> None:
     assert settings.env_config.wandb_name == "demo"
 
 
+def test_strict_config_turns_unknown_yaml_keys_into_errors(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    config = tmp_path / "run.yaml"
+    config.write_text("env:\n  group_size: 6\n  start_tok_length: 1\nopenai:\n  base_url: http://yaml/v1\n  colour: red\n")
+    settings = resolve_settings(Demo, ["serve", "--config", str(config)])
+    assert settings.env_config.group_size == 6
+    assert "env.start_tok_length" in caplog.text and "openai.colour" in caplog.text
+    with pytest.raises(ConfigError, match="env.start_tok_length.*openai.colour.*--strict-config"):
+        resolve_settings(Demo, ["serve", "--config", str(config), "--strict-config"])
+
+
+def test_unreadable_yaml_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read --config"):
+        resolve_settings(Demo, ["serve", "--config", str(tmp_path / "missing.yaml")])
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("env: [unclosed\n")
+    with pytest.raises(ConfigError, match="cannot read --config"):
+        resolve_settings(Demo, ["serve", "--config", str(broken)])
+
+
 def test_openai_flags_convert_a_baseline_in_every_mode() -> None:
     for mode in ("serve", "process", "evaluate"):
         settings = resolve_settings(Demo, [mode, "--openai.base_url", "http://h/v1"])
