@@ -2,7 +2,7 @@
 # Sets up the project and runs the whole test suite (what CI runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-EXTRAS=dev bash scripts/setup.sh
+EXTRAS=dev,rewardfns bash scripts/setup.sh
 # The reference atroposlib 0.4.0, in its own venv, lets tests/api/test_reference_suite.py run
 # the reference's own API tests against this server; without it that test is skipped.
 reference="${ATROPOS_REFERENCE_PYTHON:-$(pwd)/.cache/refvenv/bin/python}"

