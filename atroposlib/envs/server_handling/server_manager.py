@@ -125,12 +125,13 @@ class ServerManager:
         reserve = eval_free if eval_running else 0.0
         return max(0.0, (server.sem.free - server.sem.min_val()) - reserve)
 
-    def _pick(self, training: bool) -> APIServer:
+    def pick_server(self, training: bool = True) -> APIServer:
+        """The healthy server with the most free slots (training or evaluation); ties go to the first."""
         healthy = [s for s in self.servers if s.server_healthy] or self.servers
         return max(healthy, key=lambda s: (self._free_slots(s, training), -self.servers.index(s)))
 
     async def _route(self, method: str, kwargs: dict[str, Any]) -> Any:
-        server = self._pick(kwargs.get("split", "train") == "train")
+        server = self.pick_server(kwargs.get("split", "train") == "train")
         return await getattr(server, method)(**kwargs)
 
     async def _split_n(self, method: str, kwargs: dict[str, Any]) -> list[Any]:
@@ -179,7 +180,7 @@ class ServerManager:
     @asynccontextmanager
     async def dedicated_server(self) -> AsyncIterator[APIServer]:
         """Hold one training slot of the freest server, e.g. to keep a conversation on it."""
-        server = self._pick(training=True)
+        server = self.pick_server(training=True)
         async with server.sem:
             yield server
 
@@ -191,13 +192,20 @@ class ServerManager:
         (`ManagedServer`); its state is reset when the block ends."""
         from atroposlib.envs.server_handling.managed_server import DummyManagedServer, ManagedServer
 
+        if self.use_proxy:
+            async with self._proxy_session(base_url) as proxied:
+                try:
+                    yield proxied
+                finally:
+                    proxied.reset()
+            return
         if base_url is not None:
             pinned = [s for s in self.servers if s.config.base_url == base_url]
             if not pinned:
                 raise ValueError(f"no inference server at {base_url}")
             server = pinned[0]
         else:
-            server = self._pick(training=True)
+            server = self.pick_server(training=True)
         if type(server) is OpenAIServer:  # plain OpenAI routes return no token ids
             if os.environ.get("ATROPOS_ALLOW_DUMMY_MANAGED_SERVER", "").lower() not in ("1", "true", "yes"):
                 raise NotImplementedError(
@@ -213,6 +221,19 @@ class ServerManager:
             yield managed
         finally:
             managed.reset()
+
+    @asynccontextmanager
+    async def _proxy_session(self, base_url: Optional[str]) -> AsyncIterator[Any]:
+        """A session at the ManagedServer proxy, deleted when the block ends."""
+        from atroposlib.envs.server_handling.proxy_client import create_proxy_session
+
+        if not self.proxy_url:
+            raise ValueError("use_proxy needs a proxy URL: pass proxy_url / --proxy_url or set ATROPOS_PROXY_URL")
+        model_name = getattr(getattr(self.servers[0], "config", None), "model_name", "unknown")
+        session = await create_proxy_session(self.proxy_url, base_url=base_url, tool_parser=self.tool_parser or "hermes",
+                                             model_name=model_name)
+        async with session:
+            yield session
 
     async def close(self) -> None:
         for server in self.servers:
