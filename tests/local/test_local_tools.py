@@ -1,0 +1,59 @@
+"""The local-inference tools' behaviour that needs no vLLM: errors, commands, summaries."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from atroposlib.local.prepare_model import ModelPreparationError, prepare_model
+from atroposlib.local.quickstart import summarise
+from atroposlib.local.runtime import Runtime
+from atroposlib.local.vllm_service import LocalVLLM, VLLMStartError
+
+
+def test_a_local_hf_folder_is_used_as_it_is(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    assert prepare_model(str(tmp_path), runtime=Runtime(tmp_path / "none")) == tmp_path.resolve()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ModelPreparationError, match="without config.json"):
+        prepare_model(str(empty))
+
+
+def test_missing_runtime_and_files_are_clear_errors(tmp_path: Path) -> None:
+    runtime = Runtime(tmp_path / "runtime")
+    assert runtime.info() is None and not runtime.is_installed()
+    with pytest.raises(FileNotFoundError, match="atropos-vllm install"):
+        prepare_model(runtime=runtime, out=tmp_path / "model")
+    with pytest.raises(ModelPreparationError, match="no GGUF file"):
+        prepare_model(str(tmp_path / "missing.gguf"), runtime=runtime, out=tmp_path / "model")
+    with pytest.raises(VLLMStartError, match="atropos-vllm install"):
+        LocalVLLM(tmp_path, runtime=runtime).start()
+
+
+def test_cli_errors_exit_with_a_message(tmp_path: Path) -> None:
+    result = subprocess.run([sys.executable, "-m", "atroposlib.local.prepare_model", str(tmp_path / "x.gguf")],
+                            capture_output=True, text=True, env={"ATROPOS_HOME": str(tmp_path), "PATH": ""})
+    assert result.returncode == 1 and result.stderr.startswith("error: ") and "Traceback" not in result.stderr
+
+
+def test_launch_command_uses_fast_cpu_settings(tmp_path: Path) -> None:
+    server = LocalVLLM(tmp_path / "model", port=9123, runtime=Runtime(tmp_path / "runtime"))
+    command = server.command()
+    assert "--enforce-eager" in command and command[command.index("--port") + 1] == "9123"
+    assert command[command.index("--host") + 1] == "127.0.0.1"
+    environment = server.environment()
+    assert environment["VLLM_CPU_KVCACHE_SPACE"] == "1" and environment["VLLM_CPU_OMP_THREADS_BIND"].startswith("0-")
+    flags = server.openai_flags()
+    assert flags[flags.index("--openai.server_type") + 1] == "vllm"
+    assert flags[flags.index("--openai.base_url") + 1] == "http://127.0.0.1:9123/v1"
+
+
+def test_summary_of_written_groups(tmp_path: Path) -> None:
+    out = tmp_path / "groups.jsonl"
+    out.write_text("\n".join(json.dumps({"scores": scores}) for scores in ([1.0, -1.0], [-1.0, -1.0])) + "\n")
+    assert summarise(out) == {"groups": 2, "rollouts": 4, "mean_score": -0.5, "percent_correct": 0.25}

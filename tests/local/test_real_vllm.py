@@ -1,0 +1,115 @@
+"""Inference clients, process and serve against the real vLLM engine (CPU build, SmolLM2)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import transformers
+
+from atroposlib.envs.server_handling.configs import APIServerConfig
+from atroposlib.envs.server_handling.server_manager import ServerManager
+from atroposlib.local.vllm_service import LocalVLLM
+from tests.conftest import registration
+from tests.helpers import ApiProcess
+from tests.local.conftest import ROOT
+
+pytestmark = [pytest.mark.real_vllm, pytest.mark.slow]
+QUESTION = [{"role": "user", "content": "Tom has 3 apples and buys 4 more. How many apples does he have?"}]
+
+
+def _manager(server: LocalVLLM) -> ServerManager:
+    config = APIServerConfig(base_url=server.base_url, model_name=server.served_name, server_type="vllm",
+                             tokenizer_name=str(server.model_dir), timeout=120)
+    return ServerManager(configs=[config])
+
+
+def test_managed_server_tracks_real_tokens_masks_and_logprobs(real_vllm: LocalVLLM) -> None:
+    tokenizer = transformers.AutoTokenizer.from_pretrained(real_vllm.model_dir)
+    manager = _manager(real_vllm)
+
+    async def scenario() -> tuple[Any, list[Any], list[dict[str, Any]]]:
+        async with manager.managed_server(tokenizer=tokenizer) as managed:
+            response = await managed.chat_completion(messages=QUESTION, n=3, max_tokens=24, temperature=1.0, seed=7)
+            nodes = managed.get_state()["nodes"]
+        rescored = [await manager.get_logprobs(input_ids=node.tokens, top_k=1) for node in nodes]
+        await manager.close()
+        return response, nodes, rescored
+
+    response, nodes, rescored = asyncio.run(scenario())
+    prompt = tokenizer.apply_chat_template(QUESTION, tokenize=False, add_generation_prompt=True)
+    assert len(nodes) == 3
+    for choice, node, scores in zip(response.choices, nodes, rescored):
+        prompt_length = node.masked_tokens.count(-100)
+        assert prompt_length == len(tokenizer.encode(prompt, add_special_tokens=False))
+        assert node.masked_tokens[:prompt_length] == [-100] * prompt_length
+        assert node.masked_tokens[prompt_length:] == node.tokens[prompt_length:]
+        assert tokenizer.decode(node.tokens) == prompt + tokenizer.decode(node.tokens[prompt_length:])
+        assert tokenizer.decode(node.tokens[prompt_length:], skip_special_tokens=True) == choice.message.content
+        completion_logprobs = node.logprobs[prompt_length:]
+        assert node.logprobs[:prompt_length] == [1.0] * prompt_length
+        assert len(completion_logprobs) == len(node.tokens) - prompt_length and all(lp <= 0 for lp in completion_logprobs)
+        # the sampler's logprob of each completion token matches a prompt_logprobs re-score
+        ids, logprobs = scores["prompt_topk_token_ids"], scores["prompt_topk_logprobs"]
+        for position, sampled in enumerate(completion_logprobs, start=prompt_length):
+            token = node.tokens[position]
+            assert token in ids[position]
+            assert logprobs[position][ids[position].index(token)] == pytest.approx(sampled, abs=0.05)
+
+
+def test_openai_routes_return_n_choices_and_token_ids(real_vllm: LocalVLLM) -> None:
+    answer = httpx.post(real_vllm.base_url + "/chat/completions", timeout=120, json={
+        "model": real_vllm.served_name, "messages": QUESTION, "n": 4, "max_tokens": 8, "logprobs": True,
+        "return_token_ids": True}).json()
+    assert len(answer["choices"]) == 4 and all(c["token_ids"] for c in answer["choices"])
+
+
+def _gsm8k_flags(server: LocalVLLM, data: Path) -> list[str]:
+    return ["--env.train_file", str(data / "train.jsonl"), "--env.test_file", str(data / "test.jsonl"),
+            "--env.group_size", "4", "--env.max_token_length", "48", "--env.use_wandb", "false",
+            *server.openai_flags()]
+
+
+def test_process_mode_writes_real_rollouts(real_vllm: LocalVLLM, gsm8k_data: Path, tmp_path: Path) -> None:
+    out = tmp_path / "gsm8k.jsonl"
+    command = [sys.executable, str(ROOT / "environments" / "gsm8k_server.py"), "process", "--env.total_steps", "3",
+               "--env.data_path_to_save_groups", str(out), *_gsm8k_flags(real_vllm, gsm8k_data)]
+    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    groups = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(groups) == 3 and out.with_suffix(".html").exists()
+    for group in groups:
+        assert len(group["tokens"]) == 4 and all(-1.0 <= score <= 1.0 for score in group["scores"])
+        for tokens, masks, logprobs in zip(group["tokens"], group["masks"], group["inference_logprobs"]):
+            assert len(tokens) == len(masks) == len(logprobs) and masks[0] == -100 and masks[-1] == tokens[-1]
+
+
+def test_serve_mode_feeds_a_trainer_through_real_vllm(real_vllm: LocalVLLM, gsm8k_data: Path, tmp_path: Path) -> None:
+    with ApiProcess(tmp_path / "state") as api:
+        httpx.post(api.url + "/register", json=registration(4)).raise_for_status()
+        httpx.get(api.url + "/batch")
+        command = [sys.executable, str(ROOT / "environments" / "gsm8k_server.py"), "serve",
+                   "--env.rollout_server_url", api.url, "--env.total_steps", "100", "--env.steps_per_eval", "-1",
+                   "--env.spool_dir", str(tmp_path / "spool"), "--env.ensure_scores_are_not_same", "false",
+                   *_gsm8k_flags(real_vllm, gsm8k_data)]
+        log = open(tmp_path / "env.log", "wb")
+        env = subprocess.Popen(command, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            batch = None
+            deadline = time.monotonic() + 300
+            while batch is None and time.monotonic() < deadline:
+                batch = httpx.get(api.url + "/batch").json()["batch"]
+                time.sleep(0.5)
+            assert batch, (tmp_path / "env.log").read_text()[-3000:]
+            assert all(len(group["tokens"]) == 4 and group["inference_logprobs"] for group in batch)
+        finally:
+            env.send_signal(signal.SIGTERM)
+            assert env.wait(120) == 0, (tmp_path / "env.log").read_text()[-3000:]
