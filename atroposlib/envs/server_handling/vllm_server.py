@@ -71,7 +71,8 @@ class VLLMServer(OpenAIServer):
             return None
         response = await self._post(f"{root_url(self.config.base_url or '')}/generate", body)
         if response.status_code == 404:
-            log.info("%s has no /generate route: using /completions with return_token_ids", self.config.base_url)
+            if self.has_generate_route:  # concurrent first calls all land here; say it once
+                log.info("%s has no /generate route: using /completions with return_token_ids", self.config.base_url)
             self.has_generate_route = False
             return None
         response.raise_for_status()
