@@ -90,3 +90,16 @@ def test_mode_is_required_and_values_are_validated() -> None:
         resolve_settings(Demo, [])
     with pytest.raises(ConfigError, match="invalid environment settings"):
         resolve_settings(Demo, ["serve", "--env.group_size", "many"])
+
+
+def test_help_lists_every_field_with_its_description_and_default(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        resolve_settings(Demo, ["process", "--help"])
+    assert stopped.value.code == 0
+    text = capsys.readouterr().out
+    assert text.startswith("usage: ")
+    for name, info in type(Demo.config_init()[0]).model_fields.items():
+        assert f"--env.{name}" in text
+    group_size = next(line for line in text.splitlines() if "--env.group_size " in line)
+    assert "Rollouts per group" in group_size and "(default: " in group_size
+    assert "--openai.base_url" in text and "--strict-config" in text and "--proxy_url" in text

@@ -145,3 +145,24 @@ def test_backend_failure_is_a_server_error_not_a_crash(tokenizer_dir: Path) -> N
         sid = client.post("/sessions/create", json={}).json()["uuid"]
         answer = client.post(f"/{sid}/v1/chat/completions", json={"messages": USER})
         assert answer.status_code == 500 and answer.json()["error"]["type"] == "server_error"
+
+
+def test_tool_calls_come_back_through_the_proxy(tokenizer_dir: Path) -> None:
+    from openai.types.chat import ChatCompletion
+
+    from tests.envs.server_handling.test_managed_server import TokenHarness
+    from tests.envs.server_handling.test_tool_calls import RAW, TOOLS
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_dir)
+    manager = ServerManager(configs=[], testing=True)
+    harness = TokenHarness(tokenizer.encode(RAW, add_special_tokens=False))
+    harness.config = APIServerConfig(base_url="http://harness/v1", model_name="m")
+    manager.servers = [harness]
+    with TestClient(create_app(manager, tokenizer, "m")) as client:
+        sid = client.post("/sessions/create", json={"tool_parser": "hermes"}).json()["uuid"]
+        answer = client.post(f"/{sid}/v1/chat/completions", json={"messages": USER, "tools": TOOLS})
+        assert answer.status_code == 200, answer.text
+        completion = ChatCompletion.model_validate(answer.json())
+        assert completion.choices[0].finish_reason == "tool_calls"
+        assert completion.choices[0].message.tool_calls[0].function.name == "add"
+        assert len(client.get(f"/{sid}/nodes").json()["nodes"]) == 1
