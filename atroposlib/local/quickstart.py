@@ -102,6 +102,8 @@ def main(argv: Optional[list[str]] = None) -> None:
                 server.stop()
     except (ModelPreparationError, VLLMStartError, subprocess.CalledProcessError, FileNotFoundError) as exc:
         sys.exit(f"error: {exc}")
+    except KeyboardInterrupt:  # vLLM was already stopped by the finally block above
+        sys.exit("interrupted; vLLM stopped")
     report(out, stages)
 
 
