@@ -102,8 +102,8 @@ def main(argv: Optional[list[str]] = None) -> None:
                 server.stop()
     except (ModelPreparationError, VLLMStartError, subprocess.CalledProcessError, FileNotFoundError) as exc:
         sys.exit(f"error: {exc}")
-    except KeyboardInterrupt:  # vLLM was already stopped by the finally block above
-        sys.exit("interrupted; vLLM stopped")
+    except KeyboardInterrupt:  # a vLLM it started was stopped by the finally block above
+        sys.exit("interrupted")
     report(out, stages)
 
 
