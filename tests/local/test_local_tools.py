@@ -57,3 +57,28 @@ def test_summary_of_written_groups(tmp_path: Path) -> None:
     out = tmp_path / "groups.jsonl"
     out.write_text("\n".join(json.dumps({"scores": scores}) for scores in ([1.0, -1.0], [-1.0, -1.0])) + "\n")
     assert summarise(out) == {"groups": 2, "rollouts": 4, "mean_score": -0.5, "percent_correct": 0.25}
+
+
+def _fake_runtime(tmp_path: Path) -> Runtime:
+    """A runtime whose python writes a model folder into its last argument and logs its calls."""
+    runtime = Runtime(tmp_path / "runtime")
+    runtime.python.parent.mkdir(parents=True)
+    runtime.python.write_text('#!/bin/sh\necho "$@" >> "$(dirname "$0")/calls"\n'
+                              'for last; do :; done\nmkdir -p "$last" && echo {} > "$last/config.json"\n')
+    runtime.python.chmod(0o755)
+    return runtime
+
+
+def test_hub_names_and_gguf_files_are_prepared_once(tmp_path: Path) -> None:
+    runtime = _fake_runtime(tmp_path)
+    out = prepare_model("org/some-model", out=tmp_path / "hub", runtime=runtime)
+    assert (out / "config.json").exists() and (out / "atropos-prepared.json").exists()
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    converted = prepare_model(str(gguf), out=tmp_path / "conv", runtime=runtime)
+    assert prepare_model(str(gguf), out=tmp_path / "conv", runtime=runtime) == converted  # cached
+    calls = (runtime.python.parent / "calls").read_text().splitlines()
+    assert len(calls) == 2 and "snapshot_download" in calls[0] and "org/some-model" in calls[0]
+    assert calls[1].split()[0].endswith("gguf_to_hf.py") and str(gguf) in calls[1]
+    prepare_model(str(gguf), out=tmp_path / "conv", runtime=runtime, force=True)
+    assert len((runtime.python.parent / "calls").read_text().splitlines()) == 3
