@@ -118,6 +118,25 @@ class LocalVLLM:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
 
+    def reload_weights(self, weights_dir: Path, timeout: float = 300.0) -> float:
+        """Swap the served weights for those in `weights_dir` (same architecture) without a
+        restart, as a trainer does after each checkpoint; returns the seconds it took.
+
+        Generation is paused, the weights are re-read, the prefix cache (built with the old
+        weights) is dropped and generation resumes, even if the reload failed.
+        """
+        started = time.monotonic()
+        root = f"http://127.0.0.1:{self.port}"
+        with httpx.Client(timeout=timeout) as client:
+            client.post(f"{root}/pause").raise_for_status()
+            try:
+                client.post(f"{root}/collective_rpc", json={
+                    "method": "reload_weights", "kwargs": {"weights_path": str(weights_dir)}}).raise_for_status()
+                client.post(f"{root}/reset_prefix_cache").raise_for_status()
+            finally:
+                client.post(f"{root}/resume").raise_for_status()
+        return time.monotonic() - started
+
     def openai_flags(self) -> list[str]:
         """The environment flags that point an env at this server."""
         return ["--openai.base_url", self.base_url, "--openai.model_name", self.served_name,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -113,3 +114,29 @@ def test_serve_mode_feeds_a_trainer_through_real_vllm(real_vllm: LocalVLLM, gsm8
         finally:
             env.send_signal(signal.SIGTERM)
             assert env.wait(120) == 0, (tmp_path / "env.log").read_text()[-3000:]
+
+
+def _prompt_logprobs(server: LocalVLLM, ids: list[int]) -> list[float]:
+    answer = httpx.post(server.base_url + "/completions", timeout=120, json={
+        "model": server.served_name, "prompt": ids, "max_tokens": 1, "prompt_logprobs": 0}).json()
+    return [next(iter(entry.values()))["logprob"] for entry in answer["choices"][0]["prompt_logprobs"][1:]]
+
+
+def test_new_weights_are_served_without_a_restart(real_vllm: LocalVLLM, tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import load_file, save_file
+
+    changed = tmp_path / "changed"
+    shutil.copytree(real_vllm.model_dir, changed)
+    weights = load_file(changed / "model.safetensors")
+    weights["model.norm.weight"] = weights["model.norm.weight"] * torch.tensor(0.25, dtype=weights["model.norm.weight"].dtype)
+    save_file(weights, changed / "model.safetensors", metadata={"format": "pt"})
+    ids = transformers.AutoTokenizer.from_pretrained(real_vllm.model_dir).encode("The capital of France is Paris.")
+    before = _prompt_logprobs(real_vllm, ids)
+    try:
+        assert real_vllm.reload_weights(changed) < 60
+        after = _prompt_logprobs(real_vllm, ids)
+        assert max(abs(a - b) for a, b in zip(before, after)) > 0.1
+    finally:
+        real_vllm.reload_weights(real_vllm.model_dir)
+    assert _prompt_logprobs(real_vllm, ids) == pytest.approx(before, abs=1e-3)
