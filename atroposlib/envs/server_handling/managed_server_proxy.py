@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hmac
 import json
 import logging
 import os
@@ -115,11 +116,10 @@ class ProxyState:
     def backend_for(self, base_url: Optional[str]) -> Any:
         if base_url is None:
             return self.server_manager.pick_server(training=True)
-        wanted = base_url.rstrip("/")
-        for server in self.server_manager.servers:
-            if str(server.config.base_url or "").rstrip("/") == wanted:
-                return server
-        raise ProxyError(404, f"no backend server at {base_url}", "not_found_error")
+        try:
+            return self.server_manager.server_at(base_url)
+        except ValueError:
+            raise ProxyError(404, f"no backend server at {base_url}", "not_found_error") from None
 
     def open_session(self, request: SessionCreate) -> Session:
         server = self.backend_for(request.base_url)
@@ -137,7 +137,8 @@ class ProxyState:
 
 def _require_key(api_key: Optional[str]) -> Callable[[Request], None]:
     def check(request: Request) -> None:
-        if api_key and request.headers.get("authorization") != f"Bearer {api_key}":
+        supplied = request.headers.get("authorization", "").encode()
+        if api_key and not hmac.compare_digest(supplied, f"Bearer {api_key}".encode()):
             raise ProxyError(401, "missing or wrong bearer token", "authentication_error")
     return check
 

@@ -130,6 +130,14 @@ class ServerManager:
         healthy = [s for s in self.servers if s.server_healthy] or self.servers
         return max(healthy, key=lambda s: (self._free_slots(s, training), -self.servers.index(s)))
 
+    def server_at(self, base_url: str) -> APIServer:
+        """The server with this base URL (a trailing ``/`` is ignored); ValueError if none."""
+        wanted = base_url.rstrip("/")
+        for server in self.servers:
+            if str(server.config.base_url or "").rstrip("/") == wanted:
+                return server
+        raise ValueError(f"no inference server at {base_url}")
+
     async def _route(self, method: str, kwargs: dict[str, Any]) -> Any:
         server = self.pick_server(kwargs.get("split", "train") == "train")
         return await getattr(server, method)(**kwargs)
@@ -199,13 +207,7 @@ class ServerManager:
                 finally:
                     proxied.reset()
             return
-        if base_url is not None:
-            pinned = [s for s in self.servers if s.config.base_url == base_url]
-            if not pinned:
-                raise ValueError(f"no inference server at {base_url}")
-            server = pinned[0]
-        else:
-            server = self.pick_server(training=True)
+        server = self.server_at(base_url) if base_url is not None else self.pick_server(training=True)
         if type(server) is OpenAIServer:  # plain OpenAI routes return no token ids
             if os.environ.get("ATROPOS_ALLOW_DUMMY_MANAGED_SERVER", "").lower() not in ("1", "true", "yes"):
                 raise NotImplementedError(
