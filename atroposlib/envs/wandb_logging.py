@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import datetime
 import logging
+import netrc
+import os
 import random
 import string
+from pathlib import Path
 from typing import Any, Optional
+from urllib.parse import urlparse
 
 log = logging.getLogger("atroposlib.envs")
 
@@ -17,6 +21,33 @@ def run_name(prefix: Optional[str]) -> Optional[str]:
         return None
     suffix = "".join(random.choices(string.ascii_lowercase, k=6))
     return f"{prefix}-{datetime.date.today().isoformat()}-{suffix}"
+
+
+def wandb_api_key_available() -> bool:
+    """Whether W&B can authenticate without asking: ``WANDB_API_KEY`` or a netrc entry for its host."""
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname or "api.wandb.ai"
+    netrc_path = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
+    try:
+        return netrc.netrc(str(netrc_path)).authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+def choose_wandb_mode() -> Optional[str]:
+    """The mode to start W&B in: the user's ``WANDB_MODE`` if set, else online with a key, else offline.
+
+    Without a key W&B would ask for one on a terminal, or fail after a network time-out
+    without one; offline runs never ask and can be uploaded later with ``wandb sync``.
+    """
+    if os.environ.get("WANDB_MODE"):
+        return None
+    if wandb_api_key_available():
+        return None
+    log.warning("W&B: no API key (WANDB_API_KEY or `wandb login`), so metrics are logged offline under ./wandb "
+                "(upload later with `wandb sync`; WANDB_MODE=disabled or --env.use_wandb false turns W&B off)")
+    return "offline"
 
 
 class WandbRun:
@@ -36,7 +67,8 @@ class WandbRun:
             log.warning("use_wandb is set but wandb is not installed: metrics are not logged (pip install wandb)")
             return
         try:
-            self._run = wandb.init(project=project, group=group, name=name, config=config, reinit=True)
+            self._run = wandb.init(project=project, group=group, name=name, config=config, reinit=True,
+                                   mode=choose_wandb_mode())
         except Exception as exc:  # a W&B outage or missing login must not stop rollouts
             log.warning("W&B did not start (%s): metrics are not logged", exc)
 
