@@ -2,15 +2,21 @@
 # Sets up the project and runs the whole test suite (what CI runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+step() { echo "test.sh [$1/5] $2" >&2; }
+step 1 "installing atroposlib with its dev, rewardfns and quickstart extras into .venv"
 EXTRAS=dev,rewardfns,quickstart bash scripts/setup.sh
 # The real vLLM engine (CPU build) in its own venv, for the tests marked real_vllm; they
 # skip without it, so a failed install stops here instead.
 export ATROPOS_HOME="${ATROPOS_HOME:-$(pwd)/.cache/atropos}"
+step 2 "installing the vLLM CPU runtime into $ATROPOS_HOME (kept when already there)"
 .venv/bin/atropos-vllm install
 # The reference atroposlib 0.4.0, in its own venv, lets tests/api/test_reference_suite.py run
 # the reference's own API tests against this server; without it that test is skipped.
 reference="${ATROPOS_REFERENCE_PYTHON:-$(pwd)/.cache/refvenv/bin/python}"
-if [ ! -x "$reference" ]; then
+if [ -x "$reference" ]; then
+    step 3 "reference atroposlib 0.4.0: using $reference"
+else
+    step 3 "building the reference atroposlib 0.4.0 venv for the conformance tests (a few minutes, once)"
     bash bench/setup_reference.sh "$(dirname "$(dirname "$reference")")" >/dev/null 2>&1 \
         || echo "note: reference atroposlib not installed; its conformance test will be skipped"
 fi
@@ -19,10 +25,12 @@ export WANDB_MODE=disabled
 # transformers 4 and 5 return different things from apply_chat_template: the tokenizer
 # tests also run against a 4.x release, in a venv of their own.
 tf4=.cache/transformers4
+step 4 "tokenizer tests against transformers 4 (its venv is built once, in $tf4)"
 if [ ! -x "$tf4/bin/python" ]; then
     python3 -m venv "$tf4"
     "$tf4/bin/python" -m pip install -q -e ".[dev]" "transformers>=4.45,<5"
 fi
 "$tf4/bin/python" -m pytest -q -p no:cacheprovider tests/utils/test_tokenize_for_trainer.py \
     tests/utils/test_message_history_and_display.py
+step 5 "running the test suite"
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

@@ -29,11 +29,21 @@ log = logging.getLogger("atroposlib.api")
 FLAG_ALIASES = {"cors_origins": ["--cors-origin"]}
 
 
+class DefaultOnceFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends ``(default: X)`` unless the help already says what the default is, or there is none."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "(default" in text or action.default in (None, False, argparse.SUPPRESS):
+            return text
+        return super()._get_help_string(action) or text
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="run-api",
         description="Trajectory API: environments submit scored groups, trainers take batches.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultOnceFormatter,
     )
     for name, field in ApiSettings.model_fields.items():
         flags = ["--" + name.replace("_", "-"), *FLAG_ALIASES.get(name, [])]

@@ -46,8 +46,29 @@ def trainable_lengths(group: dict[str, Any]) -> list[int]:
     return [sum(1 for label in mask if label != -100) for mask in group.get("masks") or []]
 
 
+# What each drop reason means for the person running the env, and how to change it.
+DROP_EXPLANATIONS = {
+    "same_scores": "all scores in the group were equal; --env.ensure_scores_are_not_same false keeps such groups",
+    "too_long": "a sequence reached the trainer's max_token_len; shorten generations (--env.max_token_length)",
+    "wrong_group_size": "the group did not hold group_size rollouts",
+    "timed_out": "its rollouts exceeded --env.worker_timeout on every attempt",
+}
+
+
 class SkipCounter(Counter):
     """Dropped groups by reason, logged as ``train/groups_skipped/<reason>``."""
 
     def metrics(self) -> dict[str, float]:
         return {f"train/groups_skipped/{reason}": float(count) for reason, count in self.items()}
+
+    def summary(self) -> str:
+        """``0 dropped`` or ``5 dropped (same_scores 4, too_long 1)``."""
+        total = sum(self.values())
+        if not total:
+            return "0 dropped"
+        return f"{total} dropped (" + ", ".join(f"{reason} {count}" for reason, count in self.most_common()) + ")"
+
+
+def explain_drop(reason: str) -> str:
+    """One line telling why groups with `reason` are dropped and what changes it."""
+    return f"dropping groups: {reason} ({DROP_EXPLANATIONS.get(reason, 'see the environment')})"

@@ -22,12 +22,14 @@ import httpx
 import orjson
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
+from atroposlib.envs.serve_report import Throttle, duration
 from atroposlib.envs.spool import Spool
 
 log = logging.getLogger("atroposlib.envs")
 
 GZIP_MIN_BYTES = 1024
 RESEND_MAX_WAIT_S = 30.0
+DISCONNECT_TIMEOUT_S = 5.0
 
 
 class Rejected(Exception):
@@ -98,30 +100,41 @@ class TrajectoryApiClient:
 
     # -- registration ------------------------------------------------------------------
     async def wait_for_trainer(self, poll_s: float = 1.0) -> dict[str, Any]:
-        """Wait until a trainer has registered (its batch size is known); return /info."""
+        """Wait until a trainer has registered (its batch size is known); return /info.
+        Says so at once, then every 30 s with the time waited."""
+        throttle = Throttle()
         while True:
             try:
                 info = await self.get_json("/info")
                 if info.get("batch_size", -1) != -1:
                     return info
+                waiting = f"waiting for the trainer to register at {self.http.base_url}"
             except (httpx.HTTPError, Rejected) as exc:
-                log.info("waiting for the trajectory API at %s (%s)", self.http.base_url, exc)
+                waiting = f"waiting for the trajectory API at {self.http.base_url} ({exc or type(exc).__name__})"
+            waited = throttle.due()
+            if waited is not None:
+                log.info("%s%s", waiting, f" ({duration(waited)} so far)" if waited >= 1 else "")
             await asyncio.sleep(poll_s)
 
     async def register_env(self, payload: dict[str, Any], poll_s: float = 1.0) -> dict[str, Any]:
         """Register, waiting while the API says the trainer has not started."""
+        throttle = Throttle()
         while True:
             response = await self.post_json("/register-env", payload)
             if response.get("status") == "success":
                 return response
-            log.info("registration: %s; retrying", response.get("status"))
+            waited = throttle.due()
+            if waited is not None:
+                log.info("registering with the API: %s (%s so far); retrying", response.get("status"), duration(waited))
             await asyncio.sleep(poll_s)
 
     async def disconnect(self, env_id: int) -> None:
+        """Tell the API this env leaves: one quick attempt, as the process is stopping."""
         try:
-            await self.post_json("/disconnect-env", {"env_id": env_id})
-        except (httpx.HTTPError, Rejected) as exc:
-            log.warning("could not tell the API this env is leaving: %s", exc)
+            response = await self.http.post("/disconnect-env", json={"env_id": env_id}, timeout=DISCONNECT_TIMEOUT_S)
+            response.raise_for_status()
+        except httpx.HTTPError as exc:
+            log.warning("could not tell the API this env is leaving: %s", exc or type(exc).__name__)
 
     # -- submissions -----------------------------------------------------------------------
     async def submit(self, endpoint: str, payload: Any) -> bool:

@@ -18,7 +18,7 @@ import time
 import uuid
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 from atroposlib.envs import accept
 from atroposlib.envs.config import BaseEnvConfig
@@ -27,6 +27,7 @@ from atroposlib.envs.server_handling.api_server import APIServer
 from atroposlib.envs.server_handling.configs import APIServerConfig, ServerBaseline, ServerManagerConfig
 from atroposlib.envs.server_handling.reasoning import ReasoningConfig
 from atroposlib.envs.server_handling.server_manager import ServerManager
+from atroposlib.envs.tokenizer_loading import load_tokenizer
 from atroposlib.envs.types import EvalHandlingEnum, ScoredDataGroup, ScoredDataItem
 from atroposlib.envs.wandb_logging import WandbRun
 from atroposlib.type_definitions import Item
@@ -72,7 +73,7 @@ class BaseEnv(ABC):
             max_n_completions=manager.max_n_completions, proxy_url=manager.proxy_url,
             reasoning_config=ReasoningConfig.from_env_config(config),
         )
-        self.tokenizer = _load_tokenizer(config.tokenizer_name)
+        self.tokenizer = load_tokenizer(config.tokenizer_name)
         self.workers: set[asyncio.Task[Any]] = set()
         self.eval_workers: set[asyncio.Task[Any]] = set()
         self.backlog: list[Item] = []
@@ -87,6 +88,11 @@ class BaseEnv(ABC):
         self.checkpoint_dir = ""
         self.checkpoint_interval = -1
         self.items_sent_this_step = 0
+        self.groups_sent = 0
+        self.rollouts_sent = 0
+        self.rollouts_finished = 0
+        self.on_rollouts_finished: Optional[Callable[[int], None]] = None
+        self.evaluation_started_at: Optional[float] = None
         self.eval_runner: Optional[asyncio.Task[Any]] = None
         self.last_completed_item: Optional[Item] = None
         self.task_duration: list[float] = []
@@ -150,10 +156,22 @@ class BaseEnv(ABC):
 
     async def collect_trajectories(self, item: Item) -> tuple[Groups, list[Item]]:
         """A scored group for `item` (default: `group_size` concurrent `collect_trajectory`)."""
-        results = await asyncio.gather(*(self.collect_trajectory(item) for _ in range(self.config.group_size)))
+
+        async def one_rollout() -> tuple[Optional[ScoredDataItem], list[Item]]:
+            result = await self.collect_trajectory(item)
+            self.note_rollouts_finished(1)
+            return result
+
+        results = await asyncio.gather(*(one_rollout() for _ in range(self.config.group_size)))
         return _group_from_items([r for r in results if r[0] is not None], self.config.group_size), [
             entry for _, backlog in results for entry in (backlog or [])
         ]
+
+    def note_rollouts_finished(self, count: int) -> None:
+        """Count rollouts as they finish (progress displays listen through `on_rollouts_finished`)."""
+        self.rollouts_finished += count
+        if self.on_rollouts_finished is not None:
+            self.on_rollouts_finished(count)
 
     async def postprocess_histories(self, trajectories: Groups) -> Groups:
         return trajectories
@@ -191,8 +209,9 @@ class BaseEnv(ABC):
             )
             self.completion_lengths.extend(accept.trainable_lengths(group))
             if reason is not None:
+                if not self.skipped[reason]:
+                    log.warning("%s; later drops are counted, not logged", accept.explain_drop(reason))
                 self.skipped[reason] += 1
-                log.debug("group dropped: %s", reason)
                 continue
             accept.complete_group(group, self.tokenizer, self.config.include_messages)
             self.add_rollouts_for_wandb(group, item)
@@ -210,6 +229,8 @@ class BaseEnv(ABC):
             raise RuntimeError("not connected to a trajectory API (serve mode sets self.api)")
         payload = [dict(g, env_id=self.env_id, submission_id=uuid.uuid4().hex) for g in groups]
         self.items_sent_this_step += len(payload)
+        self.groups_sent += len(payload)
+        self.rollouts_sent += sum(len(group["tokens"]) for group in payload)
         if single and len(payload) == 1:
             await client.submit("/scored_data", payload[0])
         else:
@@ -302,7 +323,7 @@ class BaseEnv(ABC):
             eval_dir=self.config.data_dir_to_save_evals,
             task_name=task_name or f"{self.name or type(self).__name__}_eval",
             model_name=model_name or getattr(self.config, "model_name", None) or self.server.servers[0].config.model_name,
-            start_time=start_time or time.time(),
+            start_time=start_time or self.evaluation_started_at or time.time(),
             end_time=end_time or time.time(),
             generation_parameters={"max_new_tokens": self.config.max_token_length, **(generation_parameters or {})},
             samples=samples,
@@ -312,6 +333,11 @@ class BaseEnv(ABC):
             self.wandb.log(metrics, step=self.curr_step)
 
     # -- running ---------------------------------------------------------------------------------
+    async def run_evaluation(self) -> None:
+        """`evaluate()`, timed: `evaluate_log` reports the wall time since this started."""
+        self.evaluation_started_at = time.time()
+        await self.evaluate()
+
     async def env_manager(self) -> None:
         """Serve mode: register with the trajectory API and keep it supplied."""
         from atroposlib.envs.serve_mode import serve
@@ -357,9 +383,3 @@ def _group_from_items(results: list[tuple[ScoredDataItem, list[Item]]], group_si
     if len(results) < group_size:
         group["group_overrides"]["group_size"] = len(results)
     return group
-
-
-def _load_tokenizer(name: str) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(name)

@@ -11,6 +11,7 @@ suggestion.
 
 from __future__ import annotations
 
+import difflib
 import logging
 import sys
 from dataclasses import dataclass, field
@@ -103,26 +104,78 @@ def _load_yaml(path: Optional[str], env_config_cls: type[BaseModel], strict: boo
     return document
 
 
-def help_text(prog: str, mode: str, flags: dict[str, Flag]) -> str:
+def _shown(value: Any) -> Any:
+    return "null" if value is None else getattr(value, "value", value)
+
+
+def help_text(prog: str, mode: str, flags: dict[str, Flag], defaults: Optional[dict[str, Any]] = None) -> str:
+    """Every flag with its description and the default this environment uses in `mode`
+    (`defaults`, by flag name; the field's own default otherwise)."""
+    defaults = defaults or {}
     lines = [f"usage: {prog} {mode} [--config FILE.yaml] [--env.FIELD V] [--openai.FIELD V] ...", ""]
     for flag in flags.values():
-        default = "null" if flag.default is None else flag.default
-        default = getattr(default, "value", default)
-        lines.append(f"  --{flag.name:<42} {flag.help} (default: {default})")
+        default = defaults.get(flag.name, flag.default)
+        lines.append(f"  --{flag.name:<42} {flag.help} (default: {_shown(default)})")
+    lines += ["", "Logging: INFO; set ATROPOS_LOG_LEVEL=DEBUG for every HTTP request."]
     return "\n".join(lines)
+
+
+def modes_text(prog: str) -> str:
+    return (f"usage: {prog} {{{','.join(MODES)}}} [flags]\n\n"
+            "  serve      send scored groups to the trajectory API (run-api) for a trainer\n"
+            "  process    write scored groups to JSONL and HTML, no API or trainer needed\n"
+            "  evaluate   run the environment's evaluate()\n\n"
+            f"`{prog} MODE --help` lists every flag with the value this environment uses.")
+
+
+def _choose_mode(argv: Sequence[str]) -> str:
+    if argv and argv[0] in MODES:
+        return argv[0]
+    prog = Path(sys.argv[0]).name
+    if argv and argv[0] in ("-h", "--help"):
+        print(modes_text(prog))
+        raise SystemExit(0)
+    if argv and not argv[0].startswith("-"):
+        close = difflib.get_close_matches(argv[0], MODES, n=1, cutoff=0.5)
+        hint = f"; did you mean {close[0]}?" if close else f"; choose one of {', '.join(MODES)}"
+        raise ConfigError(f"unknown mode {argv[0]!r}{hint}")
+    raise ConfigError(f"choose a mode: {' | '.join(MODES)} (e.g. `{prog} serve --help`)")
+
+
+def _fill_derived(env_cls: Any, mode: str, values: dict[str, Any]) -> dict[str, Any]:
+    """Settings left empty that follow from the env's name (in place)."""
+    if mode == "process" and not values.get("data_path_to_save_groups"):
+        values["data_path_to_save_groups"] = f"data/{getattr(env_cls, 'name', None) or 'groups'}.jsonl"
+    if not values.get("wandb_name"):
+        values["wandb_name"] = getattr(env_cls, "name", None) or env_cls.__name__.lower()
+    return values
+
+
+def env_defaults(env_cls: Any, mode: str, default_env: BaseEnvConfig) -> dict[str, Any]:
+    """The env settings of `mode` before YAML and flags: config_init's, then the mode's."""
+    return _fill_derived(env_cls, mode, {**default_env.model_dump(), **MODE_DEFAULTS.get(mode, {})})
+
+
+def _help_defaults(env_cls: Any, mode: str, default_env: BaseEnvConfig, default_servers: ServerConfigs) -> dict[str, Any]:
+    shown = {f"{ENV_NAMESPACE}{NAMESPACE_SEP}{k}": v for k, v in env_defaults(env_cls, mode, default_env).items()}
+    if isinstance(default_servers, list) and len(default_servers) > 1:
+        per_server = f"set per server by {env_cls.__name__}.config_init ({len(default_servers)} servers)"
+        shown.update({f"{OPENAI_NAMESPACE}{NAMESPACE_SEP}{k}": per_server for k in APIServerConfig.model_fields})
+    else:
+        shown.update({f"{OPENAI_NAMESPACE}{NAMESPACE_SEP}{k}": v
+                      for k, v in merged_openai_mapping(default_servers, None, {}).items()})
+    return shown
 
 
 def resolve_settings(env_cls: Any, argv: Sequence[str]) -> RunSettings:
     """Turn argv (without the program name) into the run's settings."""
-    if not argv or argv[0] not in MODES:
-        raise ConfigError(f"choose a mode: {' | '.join(MODES)} (e.g. `serve --help`)")
-    mode = argv[0]
+    mode = _choose_mode(argv)
     default_env, default_servers = env_cls.config_init()
     env_config_cls = type(default_env)
     teacher_namespace = getattr(env_cls, "teacher_namespace", None)
     flags = available_flags(env_config_cls, teacher_namespace)
     if "--help" in argv[1:] or "-h" in argv[1:]:
-        print(help_text(Path(sys.argv[0]).name, mode, flags))
+        print(help_text(Path(sys.argv[0]).name, mode, flags, _help_defaults(env_cls, mode, default_env, default_servers)))
         raise SystemExit(0)
     values = parse_flags(list(argv[1:]), flags)
     strict = str(values.get("strict-config", "false")).lower() in TRUE_WORDS
@@ -131,10 +184,7 @@ def resolve_settings(env_cls: Any, argv: Sequence[str]) -> RunSettings:
     env_values = {**default_env.model_dump(), **MODE_DEFAULTS.get(mode, {})}
     env_values.update(document.get(ENV_NAMESPACE) or {})
     env_values.update(_namespace(values, ENV_NAMESPACE))
-    if mode == "process" and not env_values.get("data_path_to_save_groups"):
-        env_values["data_path_to_save_groups"] = f"data/{getattr(env_cls, 'name', None) or 'groups'}.jsonl"
-    if not env_values.get("wandb_name"):
-        env_values["wandb_name"] = getattr(env_cls, "name", None) or env_cls.__name__.lower()
+    _fill_derived(env_cls, mode, env_values)
     try:
         env_config = env_config_cls(**env_values)
     except ValidationError as exc:

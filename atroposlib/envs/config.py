@@ -72,6 +72,9 @@ class BaseEnvConfig(BaseModel):
         default=100, description="process mode gives up after this many failed groups in a row."
     )
     disconnect_on_exit: bool = Field(default=True, description="Tell the API on orderly shutdown.")
+    progress_log_interval: float = Field(
+        default=30.0, description="Seconds between serve mode's progress lines (step, groups sent); <= 0: none."
+    )
 
     @field_validator("reasoning_effort")
     @classmethod

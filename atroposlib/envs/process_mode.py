@@ -2,7 +2,9 @@
 
 Up to ``process_concurrency`` groups are generated at once. ``total_steps`` counts groups
 *written*; groups dropped by the checks count as failures, and the run stops with an
-error after ``process_max_consecutive_failures`` failures in a row.
+error after ``process_max_consecutive_failures`` failures in a row. The progress bar counts
+groups written (with rate and ETA) and shows rollouts as they finish: one by one for
+environments built on ``collect_trajectory``, a group at a time otherwise.
 """
 
 from __future__ import annotations
@@ -23,10 +25,50 @@ class TooManyFailures(RuntimeError):
     """process mode stopped because groups kept failing."""
 
 
+class ProgressBar:
+    """Groups written out of the target, with rollouts finished, failures and drops."""
+
+    def __init__(self, env: Any, target: int) -> None:
+        self.env = env
+        self.failures = 0
+        self.bar = tqdm(total=target, desc=env.name or type(env).__name__, unit="group")
+        env.on_rollouts_finished = lambda count: self.show()
+
+    def show(self) -> None:
+        self.bar.set_postfix(rollouts=self.env.rollouts_finished, failed=self.failures,
+                             rejected=sum(self.env.skipped.values()), refresh=False)
+        self.bar.update(0)  # redraws, at most every `mininterval`
+
+    def group_done(self, written: int) -> None:
+        if written:
+            self.bar.update(written)
+        else:
+            self.failures += 1
+        self.show()
+
+    def close(self) -> None:
+        self.env.on_rollouts_finished = None
+        self.bar.close()
+
+
+def _rollout_count(result: Any) -> int:
+    groups = [result] if isinstance(result, dict) else [g for g in result or [] if g]
+    return sum(len(group.get("tokens") or []) for group in groups)
+
+
+def _counts_rollouts_itself(env: Any) -> bool:
+    """Whether the env's collect_trajectories is BaseEnv's, which counts each rollout."""
+    from atroposlib.envs.base import BaseEnv
+
+    return type(env).collect_trajectories is BaseEnv.collect_trajectories
+
+
 async def _one_group(env: Any, item: Any) -> int:
     """Generate, check and write the group of `item`; how many groups were written."""
     try:
         result, _ = await env.collect_trajectories(item)
+        if not _counts_rollouts_itself(env):
+            env.note_rollouts_finished(_rollout_count(result))
         if not result:
             return 0
         result = await env.postprocess_histories(result)
@@ -49,10 +91,10 @@ async def process(env: Any) -> None:
     await env.setup()
     if config.use_wandb:
         env.wandb.start(None, None, run_name(env.name), config.model_dump(mode="json"))
-    written = failures = in_a_row = 0
+    written = in_a_row = 0
     running: set[asyncio.Task[int]] = set()
     exhausted = False
-    progress = tqdm(total=target, desc=env.name or type(env).__name__, unit="group")
+    progress = ProgressBar(env, target)
     try:
         while written < target:
             while not exhausted and len(running) < concurrency and written + len(running) < target:
@@ -66,16 +108,14 @@ async def process(env: Any) -> None:
             done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 count = task.result()
+                progress.group_done(count)
                 if count:
                     written += count
                     in_a_row = 0
                     env.curr_step = written
-                    progress.update(count)
                     await env.wandb_log()
                 else:
-                    failures += 1
                     in_a_row += 1
-                progress.set_postfix(failed=failures, rejected=sum(env.skipped.values()))
             if in_a_row >= config.process_max_consecutive_failures:
                 raise TooManyFailures(f"{in_a_row} groups in a row failed or were dropped; stopping")
     finally:

@@ -4,15 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import yaml
 
 from atroposlib.envs.cli import ConfigError, RunSettings, describe, resolve_settings
+from atroposlib.envs.tokenizer_loading import TokenizerUnavailable
 
 log = logging.getLogger("atroposlib.envs")
+
+LOG_LEVEL_VARIABLE = "ATROPOS_LOG_LEVEL"
+# HTTP clients log one INFO line per request, which drowns the progress lines: shown at DEBUG only.
+CHATTY_LOGGERS = ("httpx", "httpx2", "httpcore", "httpcore2")
 
 
 def build_env(env_cls: Any, settings: RunSettings) -> Any:
@@ -38,7 +46,7 @@ async def evaluate_only(env: Any, settings: RunSettings) -> None:
         }, sort_keys=False, default_flow_style=False))
     try:
         await env.setup()
-        await env.evaluate()
+        await env.run_evaluation()
     finally:
         env.close_jsonl_writer()
         await env.server.close()
@@ -52,34 +60,68 @@ def _warn_about_local_servers(settings: RunSettings) -> None:
             log.info("inference server %s is on this machine", url)
 
 
+def configure_logging() -> None:
+    """INFO (or $ATROPOS_LOG_LEVEL); per-request lines of HTTP clients only at DEBUG."""
+    requested = os.environ.get(LOG_LEVEL_VARIABLE, "INFO").upper()
+    level = logging.getLevelName(requested) if isinstance(logging.getLevelName(requested), int) else logging.INFO
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for name in CHATTY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.DEBUG if level <= logging.DEBUG else logging.WARNING)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _run_mode(env: Any, settings: RunSettings) -> None:
+    if settings.mode == "serve":  # serve mode handles SIGINT and SIGTERM itself, in every phase
+        asyncio.run(env.env_manager())
+    elif settings.mode == "process":
+        asyncio.run(env.process_manager())
+    else:
+        asyncio.run(evaluate_only(env, settings))
+
+
+def _build_and_run(env_cls: Any, argv: Sequence[str], prog: str) -> None:
+    try:
+        settings = resolve_settings(env_cls, list(argv))
+    except (ConfigError, FileNotFoundError, yaml.YAMLError) as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    print(describe(settings))
+    if settings.mode != "serve":
+        _warn_about_local_servers(settings)
+    try:
+        env = build_env(env_cls, settings)
+    except TokenizerUnavailable as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+    if settings.mode != "serve":
+        missing = asyncio.run(env.server.unreachable())
+        if len(missing) == len(env.server.servers):
+            print(f"{prog}: no inference server answers at {', '.join(missing)}; "
+                  "start one or pass --openai.base_url", file=sys.stderr)
+            raise SystemExit(1)
+    _run_mode(env, settings)
+
+
 def main(env_cls: Any, argv: Optional[Sequence[str]] = None) -> None:
-    """Parse argv, build the environment and run the chosen mode; exit 2 on bad flags."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the progress bar
+    """Parse argv, build the environment and run the chosen mode; exit 2 on bad flags,
+    1 when the tokenizer or the inference server is missing, 130 when interrupted."""
+    configure_logging()
     try:
         asyncio.get_running_loop()
     except RuntimeError:
         pass
     else:
         raise RuntimeError("cli() must be called outside a running event loop (it calls asyncio.run)")
+    prog = Path(sys.argv[0]).name
+    if threading.current_thread() is threading.main_thread():
+        # SIGTERM stops like Ctrl-C: tasks are cancelled and files closed (serve mode
+        # installs its own handlers while it runs).
+        signal.signal(signal.SIGTERM, _interrupt)
     try:
-        settings = resolve_settings(env_cls, list(sys.argv[1:] if argv is None else argv))
-    except (ConfigError, FileNotFoundError, yaml.YAMLError) as exc:
-        print(f"{Path(sys.argv[0]).name}: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
-    print(describe(settings))
-    if settings.mode != "serve":
-        _warn_about_local_servers(settings)
-    env = build_env(env_cls, settings)
-    if settings.mode != "serve":
-        missing = asyncio.run(env.server.unreachable())
-        if len(missing) == len(env.server.servers):
-            print(f"{Path(sys.argv[0]).name}: no inference server answers at {', '.join(missing)}; "
-                  "start one or pass --openai.base_url", file=sys.stderr)
-            raise SystemExit(1)
-    if settings.mode == "serve":
-        asyncio.run(env.env_manager())
-    elif settings.mode == "process":
-        asyncio.run(env.process_manager())
-    else:
-        asyncio.run(evaluate_only(env, settings))
+        _build_and_run(env_cls, sys.argv[1:] if argv is None else argv, prog)
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        raise SystemExit(130) from None

@@ -6,7 +6,8 @@ times a second, read ``/status-env`` and decide how many rollouts may run: a ful
 pauses *new* work (rollouts in flight finish and are sent), evaluations and checkpoints
 start when the trainer's step crosses their interval, and the loop ends once the run's
 last step is covered. Shutdown waits for rollouts in flight, drains the spool and tells
-the API the env is leaving.
+the API the env is leaving. Ctrl-C or SIGTERM stops it in any phase (see `StopRequest`);
+a progress line is logged every ``progress_log_interval`` seconds and a summary at the end.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import asyncio
 import hashlib
 import logging
 import math
-import signal
 import socket
 import time
 import uuid
@@ -26,12 +26,17 @@ import httpx
 import platformdirs
 
 from atroposlib.envs.api_client import Rejected, TrajectoryApiClient
+from atroposlib.envs.serve_report import ServeReport, duration
+from atroposlib.envs.stopping import StopRequest
 from atroposlib.envs.types import EvalHandlingEnum
 from atroposlib.envs.wandb_logging import run_name
 
 log = logging.getLogger("atroposlib.envs")
 
 LOOP_INTERVAL_S = 0.1
+# After Ctrl-C / SIGTERM: how long rollouts in flight may finish, and the spool may drain.
+SIGNAL_GRACE_S = 30.0
+SIGNAL_SPOOL_DRAIN_S = 5.0
 
 
 def env_key(env: Any) -> str:
@@ -124,7 +129,7 @@ async def step_checks(env: Any, status: dict[str, Any]) -> None:
         if env.eval_runner is not None and not env.eval_runner.done():
             log.warning("the previous evaluation is still running; skipping this one")
         else:
-            env.eval_runner = asyncio.create_task(env.evaluate())
+            env.eval_runner = asyncio.create_task(env.run_evaluation())
             if config.eval_handling == EvalHandlingEnum.STOP_TRAIN:
                 _cancel_all(env)
     if _crossed(env.curr_step, current, env.checkpoint_interval):
@@ -244,9 +249,10 @@ def _cancel_all(env: Any) -> None:
         env.running_items.pop(key, None)
 
 
-async def main_loop(env: Any, stopping: asyncio.Event) -> None:
+async def main_loop(env: Any, report: ServeReport) -> None:
+    """Keep rollouts running until the run's last step is covered."""
     config = env.config
-    while not stopping.is_set():
+    while True:
         now = time.monotonic()
         if env.last_loop_time is not None:
             env.mainloop_timings.append(now - env.last_loop_time)
@@ -263,6 +269,7 @@ async def main_loop(env: Any, stopping: asyncio.Event) -> None:
         env.max_num_workers = env.resolved_max_num_workers()
         env.server.update_weight(status["env_weight"])
         await step_checks(env, status)
+        report.maybe_log(env, status)
         if status["current_step"] + status["queue_size"] * config.group_size // max(1, config.batch_size) > config.total_steps:
             return
         paused = env.api.spool.size_bytes() > config.spool_max_bytes
@@ -277,35 +284,75 @@ async def main_loop(env: Any, stopping: asyncio.Event) -> None:
         await asyncio.sleep(LOOP_INTERVAL_S)
 
 
-async def shutdown(env: Any) -> None:
-    """Let rollouts in flight finish, deliver what is spooled, leave the API cleanly."""
+async def _finish_rollouts(env: Any, stop: StopRequest) -> None:
+    """Give rollouts in flight their grace (short after a signal, none after a second)."""
+    if env.eval_runner is not None and not env.eval_runner.done():
+        env.eval_runner.cancel()
     grace = env.config.worker_timeout if env.config.worker_timeout > 0 else 60
-    if env.workers:
-        await asyncio.wait(set(env.workers), timeout=grace)
-    for task in set(env.workers):
+    if stop.orderly.is_set():
+        grace = min(grace, SIGNAL_GRACE_S)
+    in_flight = set(env.workers)
+    if in_flight and not stop.immediate.is_set():
+        log.info("waiting up to %s for %d groups in progress", duration(grace), len(in_flight))
+        await stop.unless(stop.next_level(), asyncio.wait(in_flight, timeout=grace))
+    cancelled = set(env.workers)
+    for task in cancelled:
         task.cancel()
-    if not await env.api.drain_spool(deadline_s=min(grace, 60)):
+    if cancelled:
+        log.info("cancelled %d groups in progress", len(cancelled))
+        await asyncio.wait(cancelled, timeout=5)
+
+
+async def _drain_spool(env: Any, stop: StopRequest) -> None:
+    """Deliver what is spooled while the API answers; what remains stays for the next start."""
+    if not len(env.api.spool):
+        return
+    if getattr(env, "_api_down", False) or stop.immediate.is_set():
+        deadline = 0.0
+    elif stop.orderly.is_set():
+        deadline = SIGNAL_SPOOL_DRAIN_S
+    else:
+        deadline = min(env.config.worker_timeout if env.config.worker_timeout > 0 else 60, 60)
+    if deadline:
+        await stop.unless(stop.next_level(), env.api.drain_spool(deadline_s=deadline))
+    if len(env.api.spool):
         log.warning("%d submissions remain spooled in %s; they are re-sent at the next start",
                     len(env.api.spool), env.api.spool.folder)
-    env.close_jsonl_writer()
-    if env.config.disconnect_on_exit and env.env_id is not None:
-        await env.api.disconnect(env.env_id)
-    env.wandb.finish()
-    await env.server.close()
-    await env.api.close()
+
+
+async def shutdown(env: Any, stop: StopRequest) -> None:
+    """Let rollouts in flight finish, deliver what is spooled, leave the API cleanly."""
+    try:
+        await _finish_rollouts(env, stop)
+        await _drain_spool(env, stop)
+    finally:
+        env.close_jsonl_writer()
+        if env.config.disconnect_on_exit and env.env_id is not None:
+            await env.api.disconnect(env.env_id)
+        env.wandb.finish()
+        await env.server.close()
+        await env.api.close()
+
+
+async def _run(env: Any, report: ServeReport) -> None:
+    await start(env)
+    await main_loop(env, report)
 
 
 async def serve(env: Any) -> None:
+    """Serve mode, from start-up to a clean exit (also on Ctrl-C and SIGTERM)."""
     env.api = TrajectoryApiClient(env.config.rollout_server_url, spool_folder(env))
-    stopping = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
+    report = ServeReport(env.config.progress_log_interval)
+    stop = StopRequest()
+    outcome = "interrupted"
+    with stop.installed():
         try:
-            loop.add_signal_handler(signum, stopping.set)
-        except (NotImplementedError, RuntimeError):
-            pass
-    try:
-        await start(env)
-        await main_loop(env, stopping)
-    finally:
-        await shutdown(env)
+            finished, _ = await stop.unless(stop.orderly, _run(env, report))
+            outcome = (f"the run's last step (total_steps {env.config.total_steps}) is covered" if finished
+                       else f"{stop.signal_name} received")
+        except Exception as exc:
+            outcome = f"failed: {type(exc).__name__}: {exc}"
+            raise
+        finally:
+            await shutdown(env, stop)
+            log.info(report.summary(env, outcome))

@@ -6,6 +6,7 @@ tags in a completion are shown, never executed.
 
 from __future__ import annotations
 
+import argparse
 import html
 import json
 import logging
@@ -108,15 +109,24 @@ def generate_html(input_path: str | Path, output_path: Optional[str | Path] = No
     return target
 
 
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="atropos-jsonl2html",
+        description="Render a JSONL file of scored groups (as `process` mode writes) as one HTML page.",
+    )
+    parser.add_argument("input", metavar="INPUT.jsonl", help="JSONL file, one group per line.")
+    parser.add_argument("output", metavar="OUTPUT.html", nargs="?",
+                        help="Page to write (default: INPUT with the .html suffix).")
+    return parser
+
+
 def main(argv: Optional[list[str]] = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if not 1 <= len(args) <= 2:
-        print("usage: python -m atroposlib.frontend.jsonl2html INPUT.jsonl [OUTPUT.html]", file=sys.stderr)
-        return 2
+    """Command line: exit 0 on success, 1 when the input cannot be read, 2 on bad usage."""
+    args = build_parser().parse_args(argv)
     try:
-        generate_html(*args)
+        generate_html(args.input, args.output)
     except (FileNotFoundError, ValueError, OSError) as exc:
-        print(f"jsonl2html: {exc}", file=sys.stderr)
+        print(f"atropos-jsonl2html: {exc}", file=sys.stderr)
         return 1
     return 0
 

@@ -1,0 +1,71 @@
+"""Loading an environment's tokenizer, or one clear line saying why it cannot be loaded.
+
+A folder is loaded as it is. A Hugging Face id is looked up in the local cache first
+(which works offline); only when it is not cached is the hub asked, after a quick check
+that it answers, so an offline machine fails at once instead of after a minute of retries.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import httpx
+
+HUB_PROBE_TIMEOUT_S = 5.0
+FIX_HINT = ("pass --env.tokenizer_name a local folder holding the tokenizer (tokenizer.json, tokenizer_config.json), "
+            "or load it once where the hub is reachable so that it is cached; "
+            "with HF_HUB_OFFLINE=1 only the cache is used")
+
+
+class TokenizerUnavailable(RuntimeError):
+    """The tokenizer named in the config cannot be loaded."""
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return (lines[0] if lines else type(exc).__name__)[:300]
+
+
+def _looks_like_a_path(name: str) -> bool:
+    return name.startswith(("/", "./", "../", "~")) or name.count("/") > 1 or name.endswith("/")
+
+
+def _hub_problem(endpoint: str) -> Optional[str]:
+    """Why the hub cannot be reached, or None when it answers."""
+    try:
+        httpx.head(endpoint, timeout=HUB_PROBE_TIMEOUT_S)
+    except httpx.HTTPError as exc:
+        return _first_line(exc) if str(exc) else type(exc).__name__
+    return None
+
+
+def load_tokenizer(name: str) -> Any:
+    """The tokenizer `name` (a folder or a Hugging Face id); raises `TokenizerUnavailable`."""
+    from huggingface_hub import constants
+    from transformers import AutoTokenizer
+
+    folder = Path(name).expanduser()
+    if folder.exists():
+        try:
+            return AutoTokenizer.from_pretrained(str(folder))
+        except Exception as exc:
+            raise TokenizerUnavailable(f"cannot load the tokenizer in {folder}: {_first_line(exc)}") from None
+    if _looks_like_a_path(name):
+        raise TokenizerUnavailable(f"no tokenizer folder at {name}; {FIX_HINT}")
+    try:
+        return AutoTokenizer.from_pretrained(name, local_files_only=True)
+    except Exception:
+        pass  # not cached: ask the hub below
+    if constants.HF_HUB_OFFLINE:
+        raise TokenizerUnavailable(f"tokenizer {name!r} is not in the Hugging Face cache and HF_HUB_OFFLINE is set; "
+                                   f"{FIX_HINT}")
+    problem = _hub_problem(constants.ENDPOINT)
+    if problem is not None:
+        raise TokenizerUnavailable(f"cannot load tokenizer {name!r}: it is not in the Hugging Face cache and "
+                                   f"{constants.ENDPOINT} cannot be reached ({problem}); {FIX_HINT}")
+    try:
+        return AutoTokenizer.from_pretrained(name)
+    except Exception as exc:
+        raise TokenizerUnavailable(f"cannot load tokenizer {name!r} from {constants.ENDPOINT}: {_first_line(exc)}; "
+                                   f"check the name, or {FIX_HINT}") from None
