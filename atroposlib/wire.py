@@ -10,12 +10,16 @@ portably, and one of them in a stored group would break every batch it lands in.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
 
-# Integers the server stores as numbers must fit in 64 bits (SQLite, orjson).
-Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
+# Integers the server keeps as numbers: within 2**53, where every JSON reader (and a
+# float comparison of the bounds) agrees on their value, and SQLite's 64 bits hold them.
+JSON_SAFE_INT = 2**53 - 1
+SafeInt = Annotated[int, Field(ge=-JSON_SAFE_INT, le=JSON_SAFE_INT)]
+# Largest token id `--validation` accepts (exclusive): the int32 range trainers index embeddings with.
+TOKEN_ID_LIMIT = 2**31
 
 ITEM_KEYS: tuple[str, ...] = (
     "tokens",
@@ -44,7 +48,17 @@ PER_SEQUENCE_AUX_KEYS: tuple[str, ...] = (
     "overrides",
 )
 
-_WIRE_CONFIG = ConfigDict(extra="ignore", allow_inf_nan=False)
+# Strict types: no strings or booleans where numbers are expected (``{"env_id": false}``).
+# Whole-number floats (``2.0``) are integers in JSON Schema; `atroposlib.api.parsing` accepts them.
+_WIRE_CONFIG = ConfigDict(extra="ignore", allow_inf_nan=False, strict=True)
+
+# The documented shape of `ScoredData.messages`: every message carries `role` and `content`.
+_MESSAGES_SCHEMA = WithJsonSchema({
+    "anyOf": [
+        {"type": "array", "items": {"type": "array", "items": {"type": "object", "required": ["role", "content"]}}},
+        {"type": "null"},
+    ],
+})
 
 
 class ScoredData(BaseModel):
@@ -57,13 +71,13 @@ class ScoredData(BaseModel):
     scores: list[float]
     advantages: Optional[list[list[float]]] = None
     ref_logprobs: Optional[list[list[float]]] = None
-    messages: Optional[list[list[dict[str, Any]]]] = None
+    messages: Annotated[Optional[list[list[dict[str, Any]]]], _MESSAGES_SCHEMA] = None
     generation_params: Optional[dict[str, Any]] = None
     inference_logprobs: Optional[list[list[float]]] = None
     overrides: Optional[list[dict[str, Any]]] = None
     group_overrides: Optional[dict[str, Any]] = None
     images: Optional[Any] = None
-    env_id: Optional[Int64] = None
+    env_id: Optional[SafeInt] = None
     distill_token_ids: Optional[list[list[list[int]]]] = None
     distill_logprobs: Optional[list[list[list[float]]]] = None
     submission_id: Optional[str] = Field(
@@ -90,16 +104,16 @@ class ScoredData(BaseModel):
 class Registration(BaseModel):
     """A trainer's run configuration, body of ``POST /register``."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = _WIRE_CONFIG
 
     wandb_group: Optional[str]
     wandb_project: Optional[str]
-    batch_size: Int64
-    max_token_len: Int64
+    batch_size: SafeInt
+    max_token_len: SafeInt
     checkpoint_dir: str
-    save_checkpoint_interval: Int64
-    starting_step: Int64
-    num_steps: Int64
+    save_checkpoint_interval: SafeInt
+    starting_step: SafeInt
+    num_steps: SafeInt
     replace: bool = Field(
         default=False,
         description="Replace the stored run configuration instead of keeping the first one.",
@@ -111,7 +125,7 @@ class RegisterEnv(BaseModel):
 
     model_config = _WIRE_CONFIG
 
-    max_token_length: Int64
+    max_token_length: SafeInt
     desired_name: str
     weight: Optional[float]
     group_size: int = Field(ge=1, le=2**31)
@@ -126,7 +140,9 @@ class RegisterEnv(BaseModel):
 class EnvIdentifier(BaseModel):
     """Names one registered environment."""
 
-    env_id: Int64
+    model_config = _WIRE_CONFIG
+
+    env_id: SafeInt
 
 
 class LeaseRequest(BaseModel):
@@ -137,6 +153,24 @@ class LeaseRequest(BaseModel):
     lease_seconds: float = Field(default=300.0, gt=0, le=86_400)
     wait_seconds: float = Field(default=0.0, ge=0, le=30)
     client_id: Optional[str] = Field(default=None, max_length=256)
+
+
+class ErrorInfo(BaseModel):
+    """What went wrong: a stable machine-readable `code`, a message naming the problem."""
+
+    code: str
+    message: str
+    details: dict[str, Any]
+
+
+class ErrorResponse(BaseModel):
+    """Body of every error the server reports itself (422s also carry FastAPI's `detail`)."""
+
+    status: Literal["error"]
+    error: ErrorInfo
+    detail: Optional[list[dict[str, Any]]] = Field(
+        default=None, description="FastAPI-style validation problems (422 only)."
+    )
 
 
 class EnvRecord(BaseModel):

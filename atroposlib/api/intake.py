@@ -14,10 +14,13 @@ from typing import Any, Optional
 
 import orjson
 
+from atroposlib.api.errors import ApiError
+from atroposlib.api.group_checks import Problem
 from atroposlib.api.packing import subset_indices_summing_to
+from atroposlib.api.problems import ProblemLedger
 from atroposlib.api.queue import Entry
 from atroposlib.api.state import RunState
-from atroposlib.api.validation import Submission, raise_if_any
+from atroposlib.api.validation import Submission
 
 log = logging.getLogger("atroposlib.api")
 
@@ -27,22 +30,40 @@ MAX_REMEMBERED_SUBMISSIONS = 1_000_000
 class Intake:
     """Stores submitted groups into a `RunState`."""
 
-    def __init__(self, state: RunState) -> None:
+    def __init__(self, state: RunState, ledger: ProblemLedger) -> None:
         self.state = state
+        self.ledger = ledger
 
-    def check_env(self, submission: Submission, where: str = "body") -> None:
-        """Warn about (or, in strict mode, refuse) an env id no env registered."""
-        state = self.state
-        if submission.env_id is None or state.env_index(submission.env_id) is not None:
+    def review(self, submission: Submission, where: str = "body") -> None:
+        """Check a submission against the run (its env is registered, no sequence is
+        longer than the trainer's ``max_token_len``); in ``strict`` refuse it (404 / 409),
+        in ``warn`` record these and the submission's own problems."""
+        level = self.state.settings.validation
+        if level == "off":
             return
-        if state.settings.validation == "strict":
-            raise_if_any([("env_id", f"{submission.env_id} is not a registered env")], where)
-        if state.settings.validation == "warn":
-            submission.warnings.append(f"{where}.env_id: {submission.env_id} is not a registered env")
+        found = self._run_problems(submission, where)
+        if level == "strict" and found:
+            status, code = {"unknown_env": (404, "unknown_env")}.get(found[0].reason, (409, "sequence_too_long"))
+            raise ApiError(status, code, found[0].text(), {"field": found[0].field})
+        submission.problems += found
+        self.ledger.record(submission.problems)
+
+    def _run_problems(self, submission: Submission, where: str) -> list[Problem]:
+        state = self.state
+        found = []
+        if submission.env_id is not None and state.env_index(submission.env_id) is None:
+            found.append(Problem("unknown_env", f"{where}.env_id", f"{submission.env_id} is not a registered env"))
+        limit = state.config.max_token_len if state.config else 0
+        if limit > 0 and submission.longest > limit:
+            found.append(Problem(
+                "sequence_too_long", f"{where}.tokens",
+                f"a sequence of {submission.longest} tokens is longer than the trainer's max_token_len {limit}",
+            ))
+        return found
 
     def submit(self, submission: Submission, key: Optional[str], stored: bytes) -> dict[str, Any]:
         """Store one checked group (`stored`: its bytes as they will be kept); the
-        caller holds the journal transaction and has called `check_env`."""
+        caller holds the journal transaction and has called `review`."""
         state = self.state
         repeated = self.repeat_answer(key)
         if repeated is not None:

@@ -36,6 +36,10 @@ class ApiMetrics:
             "atropos_submissions_total", "Groups submitted", ["env", "status"], registry=r
         )
         self.rejected = Counter("atropos_rejected_total", "Rejected requests", ["reason"], registry=r)
+        self.validation_warnings = Counter(
+            "atropos_validation_warnings_total",
+            "Validation problems accepted with a warning (--validation warn)", ["reason"], registry=r,
+        )
         self.batches_served = Counter(
             "atropos_batches_served_total", "Batches handed out", ["mode"], registry=r
         )

@@ -1,6 +1,7 @@
-"""ASGI middleware of the trajectory API: bearer auth and request-body limits.
+"""ASGI middleware of the trajectory API: bearer auth, request-body limits and the
+declared body type.
 
-Both are plain ASGI (no per-request task or response buffering) because they sit on
+All are plain ASGI (no per-request task or response buffering) because they sit on
 the hot submission path.
 """
 
@@ -14,6 +15,7 @@ from typing import Any, Awaitable, Callable, Optional
 import orjson
 
 from atroposlib.api.errors import error_body
+from atroposlib.api.group_checks import Problem
 from atroposlib.api.journal import Journal, StorageFailed
 from atroposlib.api.validation import InvalidGzip, PayloadTooLarge, gunzip_capped
 
@@ -47,15 +49,22 @@ def _header(scope: Scope, name: bytes) -> Optional[bytes]:
 
 
 class BearerAuth:
-    """Require ``Authorization: Bearer <key>`` everywhere except the public paths."""
+    """Require ``Authorization: Bearer <key>`` everywhere except the public paths and
+    the paths under the public prefixes."""
 
-    def __init__(self, app: ASGIApp, api_key: str, public_paths: set[str]) -> None:
+    def __init__(
+        self, app: ASGIApp, api_key: str, public_paths: set[str], public_prefixes: tuple[str, ...] = ()
+    ) -> None:
         self.app = app
         self.expected = f"Bearer {api_key}".encode()
         self.public_paths = public_paths
+        self.public_prefixes = public_prefixes
+
+    def _is_public(self, path: str) -> bool:
+        return path in self.public_paths or (bool(self.public_prefixes) and path.startswith(self.public_prefixes))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] not in self.public_paths:
+        if scope["type"] == "http" and not self._is_public(scope["path"]):
             supplied = _header(scope, b"authorization") or b""
             if not hmac.compare_digest(supplied, self.expected):
                 await send_error(
@@ -175,3 +184,44 @@ class DurableResponses:
                 await send(message)
 
         await self.app(scope, receive, send_when_durable)
+
+
+def is_json_media_type(content_type: bytes) -> bool:
+    """``application/json`` or a ``+json`` type, parameters ignored."""
+    media = content_type.split(b";", 1)[0].strip().lower()
+    return media == b"application/json" or (media.startswith(b"application/") and media.endswith(b"+json"))
+
+
+class JsonBodies:
+    """Bodies are JSON whatever they are declared as; a body declared otherwise (or not
+    at all) is refused with 415 under ``strict``, reported to `on_problem` under ``warn``.
+    Sits inside `BodyLimits`, which hands on the whole body in one message."""
+
+    def __init__(self, app: ASGIApp, level: str, on_problem: Callable[[Problem], None]) -> None:
+        self.app = app
+        self.level = level
+        self.on_problem = on_problem
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or self.level == "off":
+            await self.app(scope, receive, send)
+            return
+        first = await receive()
+        declared = _header(scope, b"content-type")
+        if first.get("body") and (declared is None or not is_json_media_type(declared)):
+            shown = declared.decode("latin-1") if declared is not None else "none"
+            problem = Problem("content_type", "header.Content-Type", f"{shown} is not application/json")
+            if self.level == "strict":
+                await send_error(send, 415, "unsupported_media_type", f"{problem.text()}: send JSON bodies as application/json")
+                return
+            self.on_problem(problem)
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return first
+
+        await self.app(scope, replay, send)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic import BaseModel, TypeAdapter
 from starlette.requests import Request
 from starlette.responses import Response
 
-from atroposlib.api.errors import BodyInvalid, dump_json, not_registered
+from atroposlib.api.errors import dump_json, not_registered
 from atroposlib.api.runtime import Runtime
-from atroposlib.api.validation import schema_problems
+from atroposlib.api.validation import parse_json
 
 NO_STORE = {"Cache-Control": "no-store"}
 
@@ -29,14 +29,9 @@ def runtime(request: Request) -> Runtime:
     return request.app.state.runtime()
 
 
-def parse_body(adapter: TypeAdapter[Any] | type[BaseModel], body: bytes) -> Any:
-    """Validate raw JSON bytes against a model or adapter, raising `BodyInvalid`."""
-    try:
-        if isinstance(adapter, TypeAdapter):
-            return adapter.validate_json(body)
-        return adapter.model_validate_json(body)
-    except ValidationError as exc:
-        raise BodyInvalid(schema_problems(exc)) from None
+async def read_body(request: Request, target: TypeAdapter[Any] | type[BaseModel]) -> Any:
+    """The request's JSON body validated against a wire model (raises `BodyInvalid`)."""
+    return parse_json(target, await request.body())
 
 
 def require_registered(runtime_: Runtime) -> None:

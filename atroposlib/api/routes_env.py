@@ -8,25 +8,29 @@ from fastapi import APIRouter, Request
 from pydantic import TypeAdapter
 from starlette.responses import Response
 
+from atroposlib.api.contract import BODY_ERRORS, SCORED_DATA_REF, errors, json_body
 from atroposlib.api.errors import ApiError, BodyInvalid
 from atroposlib.api.items import item_json, served_item
 from atroposlib.api.middleware import GZIP_BODY_SCOPE_KEY
-from atroposlib.api.responses import json_response, parse_body, runtime
-from atroposlib.api.validation import InvalidGzip, PayloadTooLarge, summarize
+from atroposlib.api.responses import json_response, read_body, runtime
+from atroposlib.api.validation import InvalidGzip, PayloadTooLarge, parse_json, summarize
 from atroposlib.wire import EnvIdentifier, RegisterEnv, ScoredData
 
 router = APIRouter()
 
 _GROUP_LIST = TypeAdapter(list[ScoredData])
-_GROUP_SCHEMA = ScoredData.model_json_schema()
 EMPTY_EXAMPLE = {
     "tokens": [], "masks": [], "scores": [], "advantages": [], "ref_logprobs": [],
     "generation_params": [], "inference_logprobs": [], "messages": [], "images": [],
 }
-
-
-def _json_body(schema: dict[str, Any]) -> dict[str, Any]:
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+IDEMPOTENCY_KEY = {
+    "name": "Idempotency-Key", "in": "header", "required": False,
+    "description": "A retry with the same key is stored once and answered like the first.",
+    "schema": {"type": "string", "minLength": 1, "maxLength": 128},
+}
+# 404 / 409: an unregistered env id, or a sequence longer than the trainer's max_token_len,
+# under --validation strict.
+SUBMISSION_ERRORS = errors(*BODY_ERRORS, 404, 409)
 
 
 def _idempotency_key(request: Request) -> Optional[str]:
@@ -36,7 +40,10 @@ def _idempotency_key(request: Request) -> Optional[str]:
     return key
 
 
-@router.post("/scored_data", summary="Submit one scored group", openapi_extra=_json_body(_GROUP_SCHEMA))
+@router.post(
+    "/scored_data", summary="Submit one scored group", responses=SUBMISSION_ERRORS,
+    openapi_extra={**json_body(SCORED_DATA_REF), "parameters": [IDEMPOTENCY_KEY]},
+)
 async def scored_data(request: Request) -> Response:
     body = await request.body()
     rt = runtime(request)
@@ -48,18 +55,18 @@ async def scored_data(request: Request) -> Response:
     except PayloadTooLarge:
         raise ApiError(413, "payload_too_large", "decompressed request body is too large") from None
     key = _idempotency_key(request) or submission.submission_id
-    rt.intake.check_env(submission)
+    rt.intake.review(submission)
     with rt.state.journal.transaction():
         response = rt.intake.submit(submission, key, stored=body)
     return json_response(response)
 
 
 @router.post(
-    "/scored_data_list", summary="Submit several scored groups (all or none)",
-    openapi_extra=_json_body({"type": "array", "items": _GROUP_SCHEMA}),
+    "/scored_data_list", summary="Submit several scored groups (all or none)", responses=SUBMISSION_ERRORS,
+    openapi_extra={**json_body({"type": "array", "items": SCORED_DATA_REF}), "parameters": [IDEMPOTENCY_KEY]},
 )
 async def scored_data_list(request: Request) -> Response:
-    groups = parse_body(_GROUP_LIST, await request.body())
+    groups = await read_body(request, _GROUP_LIST)
     rt = runtime(request)
     state = rt.state
     list_key = _idempotency_key(request)
@@ -69,7 +76,7 @@ async def scored_data_list(request: Request) -> Response:
     submissions = []
     for i, group in enumerate(groups):
         submission = summarize(group, state.settings.validation, f"body.{i}")
-        rt.intake.check_env(submission, f"body.{i}")
+        rt.intake.review(submission, f"body.{i}")
         submissions.append(submission)
     summary: dict[str, Any] = {"status": "received", "groups_processed": len(groups)}
     buffered, duplicates, warnings = 0, 0, []
@@ -92,18 +99,30 @@ async def scored_data_list(request: Request) -> Response:
     return json_response(summary)
 
 
-@router.post("/register-env", summary="Register an environment process (after the trainer's first /batch)")
-async def register_env(request_body: RegisterEnv, request: Request) -> Response:
-    return json_response(runtime(request).state.register_env(request_body))
+@router.post(
+    "/register-env", summary="Register an environment process (after the trainer's first /batch)",
+    responses=errors(*BODY_ERRORS), openapi_extra=json_body(RegisterEnv),
+)
+async def register_env(request: Request) -> Response:
+    registration = await read_body(request, RegisterEnv)
+    return json_response(runtime(request).state.register_env(registration))
 
 
-@router.post("/disconnect-env", summary="Mark an environment as gone")
-async def disconnect_env(env: EnvIdentifier, request: Request) -> Response:
+@router.post(
+    "/disconnect-env", summary="Mark an environment as gone (an unknown id answers status 'failure')",
+    responses=errors(*BODY_ERRORS), openapi_extra=json_body(EnvIdentifier),
+)
+async def disconnect_env(request: Request) -> Response:
+    env = await read_body(request, EnvIdentifier)
     return json_response(runtime(request).state.disconnect_env(env.env_id))
 
 
-@router.post("/heartbeat-env", summary="Tell the server an environment is alive")
-async def heartbeat_env(env: EnvIdentifier, request: Request) -> Response:
+@router.post(
+    "/heartbeat-env", summary="Tell the server an environment is alive",
+    responses=errors(*BODY_ERRORS, 404), openapi_extra=json_body(EnvIdentifier),
+)
+async def heartbeat_env(request: Request) -> Response:
+    env = await read_body(request, EnvIdentifier)
     state = runtime(request).state
     if state.env_index(env.env_id) is None:
         raise ApiError(404, "unknown_env", f"env_id {env.env_id} is not registered", {"env_id": env.env_id})
@@ -111,10 +130,13 @@ async def heartbeat_env(env: EnvIdentifier, request: Request) -> Response:
     return json_response({"status": "ok"})
 
 
-_STATUS_ENV_DOC = dict(
-    summary="Queue numbers an environment throttles itself by (JSON body or ?env_id=)",
-    openapi_extra={"requestBody": {"required": False, "content": {"application/json": {
-        "schema": EnvIdentifier.model_json_schema()}}}},
+_STATUS_ENV_DOC: dict[str, Any] = dict(
+    summary="Queue numbers an environment throttles itself by",
+    description="The env id comes in a JSON body, as Atropos envs send it even with GET; "
+    "`?env_id=N` is accepted instead of the body (both must agree when both are given). "
+    "409 until a trainer has registered, 404 for an env id that is not registered.",
+    responses=errors(*BODY_ERRORS, 404, 409),
+    openapi_extra=json_body(EnvIdentifier),
 )
 
 
@@ -122,7 +144,7 @@ _STATUS_ENV_DOC = dict(
 @router.post("/status-env", operation_id="status_env_post", **_STATUS_ENV_DOC)
 async def status_env(request: Request) -> Response:
     body = await request.body()
-    from_body = parse_body(EnvIdentifier, body).env_id if body.strip() else None
+    from_body = parse_json(EnvIdentifier, body).env_id if body.strip() else None
     raw_query = request.query_params.get("env_id")
     from_query = None
     if raw_query is not None:

@@ -7,6 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
+from atroposlib.api.contract import text_response
 from atroposlib.api.metrics import CONTENT_TYPE
 from atroposlib.api.responses import json_response, runtime
 from atroposlib.api.runtime import Runtime
@@ -76,7 +77,10 @@ async def envs(request: Request) -> Response:
     return json_response({"envs": listed, "dead_letters": dead})
 
 
-@router.get("/metrics", summary="Prometheus metrics")
+@router.get(
+    "/metrics", summary="Prometheus metrics",
+    responses=text_response("Prometheus text exposition format (version 0.0.4)"),
+)
 async def metrics(request: Request) -> Response:
     rt = runtime(request)
     rt.housekeep()

@@ -11,17 +11,18 @@ import orjson
 from fastapi import APIRouter, Query, Request
 from starlette.responses import PlainTextResponse, Response
 
+from atroposlib.api.contract import BODY_ERRORS, errors, json_body, text_response
 from atroposlib.api.errors import ApiError
 from atroposlib.api.items import served_items
 from atroposlib.api.responses import (
     NO_STORE,
     batch_response,
     json_response,
-    parse_body,
     require_registered,
     runtime,
 )
-from atroposlib.wire import LeaseRequest, Registration
+from atroposlib.api.validation import parse_json
+from atroposlib.wire import JSON_SAFE_INT, LeaseRequest, Registration
 
 log = logging.getLogger("atroposlib.api")
 router = APIRouter()
@@ -34,8 +35,13 @@ NOT_REGISTERED_BATCH = {
 LONG_POLL_INTERVAL_S = 0.05
 
 
-@router.post("/register", summary="Register the trainer's run configuration (first one wins)")
-async def register(registration: Registration, request: Request) -> Response:
+@router.post(
+    "/register", summary="Register the trainer's run configuration (first one wins)",
+    description="`replace: true` (or `?replace=true`) replaces the stored configuration.",
+    responses=errors(*BODY_ERRORS), openapi_extra=json_body(Registration),
+)
+async def register(request: Request) -> Response:
+    registration = parse_json(Registration, await request.body())
     if request.query_params.get("replace", "").lower() in ("1", "true", "yes"):
         registration.replace = True
     return json_response(runtime(request).state.register(registration))
@@ -57,12 +63,12 @@ async def get_batch(request: Request) -> Response:
 @router.post(
     "/batch",
     summary="Lease one batch; confirm it with /batch/{batch_id}/ack",
-    openapi_extra={"requestBody": {"required": False, "content": {"application/json": {
-        "schema": LeaseRequest.model_json_schema()}}}},
+    description="409 until a trainer has registered.",
+    responses=errors(*BODY_ERRORS, 409), openapi_extra=json_body(LeaseRequest, required=False),
 )
 async def lease_batch(request: Request) -> Response:
     body = await request.body()
-    lease_request = parse_body(LeaseRequest, body) if body.strip() else LeaseRequest()
+    lease_request = parse_json(LeaseRequest, body) if body.strip() else LeaseRequest()
     rt = runtime(request)
     require_registered(rt)
     rt.state.mark_started()
@@ -81,19 +87,30 @@ async def lease_batch(request: Request) -> Response:
     return batch_response(payloads, extra=head[1:-1] + b",")
 
 
-@router.post("/batch/{batch_id}/ack", summary="Confirm a leased batch: the step advances")
+@router.post(
+    "/batch/{batch_id}/ack", summary="Confirm a leased batch: the step advances",
+    responses=errors(404, 410, 422),
+)
 async def ack_batch(batch_id: str, request: Request) -> Response:
     return json_response(runtime(request).dispatch.ack(batch_id))
 
 
-@router.post("/batch/{batch_id}/nack", summary="Give a leased batch back to the head of the queue")
+@router.post(
+    "/batch/{batch_id}/nack", summary="Give a leased batch back to the head of the queue",
+    description="409 for a batch that was already acknowledged.",
+    responses=errors(404, 409, 422),
+)
 async def nack_batch(batch_id: str, request: Request) -> Response:
     return json_response(runtime(request).dispatch.nack(batch_id))
 
 
-@router.get("/batches/served", summary="Batches served recently (recover one lost in transit)")
+@router.get(
+    "/batches/served", summary="Batches served recently (recover one lost in transit)",
+    responses=errors(422),
+)
 async def served_batches(
-    request: Request, since: int = Query(0, description="Smallest step to list"),
+    request: Request,
+    since: int = Query(0, ge=-JSON_SAFE_INT, le=JSON_SAFE_INT, description="Smallest step to list"),
     limit: int = Query(10_000, ge=1, le=100_000, description="Most groups to return"),
 ) -> Response:
     rows = runtime(request).journal.served_batches(since, limit)
@@ -122,7 +139,10 @@ async def status(request: Request) -> Response:
     return json_response(rt.state.status())
 
 
-@router.get("/reset_data", summary="Wipe the run (legacy GET; answers plain text)")
+@router.get(
+    "/reset_data", summary="Wipe the run (legacy GET; answers plain text)",
+    response_class=PlainTextResponse, responses=text_response("`Reset successful`"),
+)
 async def reset_data(request: Request) -> Response:
     rt = runtime(request)
     if rt.settings.disable_get_reset:

@@ -12,6 +12,7 @@ from atroposlib.api.dispatch import Dispatcher
 from atroposlib.api.intake import Intake
 from atroposlib.api.journal import Journal
 from atroposlib.api.metrics import ApiMetrics
+from atroposlib.api.problems import ProblemLedger
 from atroposlib.api.settings import ApiSettings
 from atroposlib.api.state import RunState
 from atroposlib.api.validator_pool import ValidatorPool
@@ -37,7 +38,8 @@ class Runtime:
             _discard_state(state_dir)
         self.journal = Journal(state_dir, settings.fsync)
         self.state = RunState(settings, self.journal, self.metrics, clock)
-        self.intake = Intake(self.state)
+        self.ledger = ProblemLedger(self.metrics.validation_warnings)
+        self.intake = Intake(self.state, self.ledger)
         self.dispatch = Dispatcher(self.state)
         self.validators = ValidatorPool(
             settings.resolved_validation_workers(), settings.validation, settings.max_decompressed_bytes

@@ -17,16 +17,18 @@ from typing import Any, AsyncIterator, Callable, Optional
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.middleware.gzip import GZipMiddleware
 from starlette.responses import Response
+from starlette.routing import Match
 
 from atroposlib.api import routes_env, routes_ops, routes_trainer
+from atroposlib.api.contract import install_contract
 from atroposlib.api.errors import ApiError, BodyInvalid, describe_validation_problems, validation_error
-from atroposlib.api.journal import Journal
 from atroposlib.api.metrics import ApiMetrics
-from atroposlib.api.middleware import BearerAuth, BodyLimits, DurableResponses
+from atroposlib.api.middleware import BearerAuth, BodyLimits, DurableResponses, JsonBodies
 from atroposlib.api.runtime import Runtime
 from atroposlib.api.settings import ApiSettings
 from atroposlib.api.status_math import MIN_ENV_WEIGHT
@@ -48,6 +50,10 @@ log = logging.getLogger("atroposlib.api")
 RESPONSE_GZIP_LEVEL = 1
 RESPONSE_GZIP_MIN_BYTES = 1000
 PUBLIC_PATHS = {"/", "/health"}
+# Swagger UI (/docs), ReDoc (/redoc) and their assets come from the installed package,
+# not a CDN, so the docs work offline; documentation needs no API key.
+DOCS_ASSETS_URL = "/docs-assets"
+DOCUMENTATION_PATHS = {"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"}
 
 
 def create_app(
@@ -76,28 +82,35 @@ def create_app(
         if "runtime" in holder:
             holder.pop("runtime").close()
 
-    app = FastAPI(
+    app = FastAPIOffline(
         title="AtroposLib API",
         version="0.4.1",
         lifespan=lifespan,
         description="Trajectory API: environments submit scored groups, trainers take batches.",
+        static_url=DOCS_ASSETS_URL,
     )
     app.state.runtime = get_runtime
     app.state.settings = settings
-    # Route matching walks the table in order: the hot submission routes go first.
+    # Route matching walks the table in order: the hot submission routes go first, the
+    # documentation routes FastAPIOffline added last.
+    documentation = list(app.router.routes)
+    app.router.routes.clear()
     app.include_router(routes_env.router)
     app.include_router(routes_trainer.router)
     app.include_router(routes_ops.router)
+    app.router.routes.extend(documentation)
+    install_contract(app, settings)
     _install_error_handlers(app, metrics)
-    _install_middleware(app, settings, metrics, lambda: get_runtime().journal)
+    _install_middleware(app, settings, metrics, get_runtime)
     return app
 
 
 def _install_middleware(
-    app: FastAPI, settings: ApiSettings, metrics: ApiMetrics, journal: Callable[[], Journal]
+    app: FastAPI, settings: ApiSettings, metrics: ApiMetrics, runtime: Callable[[], Runtime]
 ) -> None:
     # Added innermost first: the last one added sees the request first.
-    app.add_middleware(DurableResponses, journal=journal)
+    app.add_middleware(DurableResponses, journal=lambda: runtime().journal)
+    app.add_middleware(JsonBodies, level=settings.validation, on_problem=lambda p: runtime().ledger.record([p]))
     app.add_middleware(GZipMiddleware, minimum_size=RESPONSE_GZIP_MIN_BYTES, compresslevel=RESPONSE_GZIP_LEVEL)
     app.add_middleware(
         BodyLimits,
@@ -108,8 +121,8 @@ def _install_middleware(
     )
     api_key = settings.resolved_api_key()
     if api_key:
-        public = PUBLIC_PATHS | ({"/metrics"} if settings.metrics_public else set())
-        app.add_middleware(BearerAuth, api_key=api_key, public_paths=public)
+        public = PUBLIC_PATHS | DOCUMENTATION_PATHS | ({"/metrics"} if settings.metrics_public else set())
+        app.add_middleware(BearerAuth, api_key=api_key, public_paths=public, public_prefixes=(DOCS_ASSETS_URL + "/",))
     origins = settings.cors_origin_list()
     if origins:
         app.add_middleware(
@@ -142,11 +155,15 @@ def _install_error_handlers(app: FastAPI, metrics: ApiMetrics) -> None:
         return validation_error(detail, describe_validation_problems(detail))
 
     @app.exception_handler(StarletteHTTPException)
-    async def on_http_error(_: Request, exc: StarletteHTTPException) -> Response:
+    async def on_http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        headers = getattr(exc, "headers", None)
+        if exc.status_code == 405:
+            allowed = allowed_methods(request)
+            if request.method == "OPTIONS":
+                return Response(status_code=204, headers={"Allow": ", ".join([*allowed, "OPTIONS"])})
+            headers = {"Allow": ", ".join(allowed)}
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return ApiError(exc.status_code, code, str(exc.detail)).response(
-            headers=getattr(exc, "headers", None)
-        )
+        return ApiError(exc.status_code, code, str(exc.detail)).response(headers=headers)
 
     @app.exception_handler(Exception)
     async def on_unexpected(request: Request, exc: Exception) -> Response:
@@ -154,6 +171,16 @@ def _install_error_handlers(app: FastAPI, metrics: ApiMetrics) -> None:
         log.exception("internal error (request %s) on %s %s", request_id, request.method, request.url.path)
         return ApiError(500, "internal_error", f"internal error; request id {request_id}",
                         {"request_id": request_id}).response()
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """The methods some route serves at the request's path (sorted)."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        match, _ = route.matches(request.scope)
+        if match is not Match.NONE:
+            methods |= getattr(route, "methods", None) or set()
+    return sorted(methods)
 
 
 def settings_from_environment() -> ApiSettings:

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, TypeVar, Union
 
-from pydantic import ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from atroposlib.wire import PER_SEQUENCE_AUX_KEYS, ScoredData
+from atroposlib.api.group_checks import Problem, quality_problems, structural_problems
+from atroposlib.wire import ScoredData
+
+Parsed = TypeVar("Parsed")
 
 
 class PayloadTooLarge(Exception):
@@ -51,7 +54,12 @@ class Submission:
     size: int
     env_id: Optional[int]
     submission_id: Optional[str]
-    warnings: list[str] = field(default_factory=list)
+    longest: int = 0
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def warnings(self) -> list[str]:
+        return [problem.text() for problem in self.problems]
 
 
 def gunzip_capped(data: bytes, limit: int) -> bytes:
@@ -90,60 +98,66 @@ def _short(value: Any) -> Any:
     return value if len(text) <= 200 else text[:200] + "..."
 
 
-def check_group(group: ScoredData, level: str, where: str = "body") -> list[str]:
-    """Cross-field checks of one group (see ``--validation``).
+def parse_json(target: Union[TypeAdapter[Parsed], type[BaseModel]], body: bytes) -> Any:
+    """Validate raw JSON bytes against a wire model or adapter, raising `BodyInvalid`.
 
-    Inconsistent token/mask/score lengths and negative env ids raise `BodyInvalid` in
-    every level but ``off``; auxiliary arrays whose length differs from the number of
-    sequences are returned as warnings, or raise in ``strict``.
+    The wire models are strict (no ``"5"`` or ``true`` for a number), but JSON Schema
+    counts ``2.0`` as an integer: a body whose only problems are such whole-number
+    floats is validated again in lax mode, where they become ints.
+    """
+    validate = target.validate_json if isinstance(target, TypeAdapter) else target.model_validate_json
+    try:
+        return validate(body)
+    except ValidationError as exc:
+        if not all(_whole_float_for_int(e) for e in exc.errors(include_url=False)):
+            raise BodyInvalid(schema_problems(exc)) from None
+    try:
+        return validate(body, strict=False)
+    except ValidationError as exc:
+        raise BodyInvalid(schema_problems(exc)) from None
+
+
+def _whole_float_for_int(error: Any) -> bool:
+    value = error.get("input")
+    return error["type"] == "int_type" and isinstance(value, float) and value.is_integer()
+
+
+def check_group(group: ScoredData, level: str, where: str = "body") -> list[Problem]:
+    """The cross-field checks of ``--validation`` `level` (see `atroposlib.api.group_checks`).
+
+    Raises `BodyInvalid` for structural problems (every level but ``off``) and, in
+    ``strict``, for quality problems; in ``warn`` returns the quality problems.
     """
     if level == "off":
         return []
-    hard: list[tuple[str, str]] = []
-    count = len(group.tokens)
-    if count == 0:
-        hard.append(("tokens", "a group needs at least one sequence"))
-    if len(group.masks) != count:
-        hard.append(("masks", f"{len(group.masks)} mask lists for {count} token lists"))
-    if len(group.scores) != count:
-        hard.append(("scores", f"{len(group.scores)} scores for {count} sequences"))
-    for i, (tokens, mask) in enumerate(zip(group.tokens, group.masks)):
-        if len(tokens) != len(mask):
-            hard.append((f"masks.{i}", f"{len(mask)} labels for {len(tokens)} tokens"))
-            break
-    if group.env_id is not None and group.env_id < 0:
-        hard.append(("env_id", "must not be negative"))
-    raise_if_any(hard, where)
-    soft = [
-        (key, f"{len(value)} entries for {count} sequences")
-        for key in PER_SEQUENCE_AUX_KEYS
-        if (value := getattr(group, key)) is not None and len(value) != count
+    raise_if_any(structural_problems(group), where)
+    problems = [
+        Problem(p.reason, f"{where}.{p.field}", p.message) for p in quality_problems(group)
     ]
     if level == "strict":
-        raise_if_any(soft, where)
-    return [f"{where}.{name}: {message}" for name, message in soft]
+        raise_if_any([(p.field, p.message) for p in problems], "")
+    return problems
 
 
 def raise_if_any(problems: list[tuple[str, str]], where: str) -> None:
+    """Raise `BodyInvalid` naming each (field, message); `where` prefixes the fields."""
     if problems:
+        prefix = where.split(".") if where else []
         raise BodyInvalid([
-            {"type": "value_error", "loc": [*where.split("."), *name.split(".")], "msg": message}
+            {"type": "value_error", "loc": [*prefix, *name.split(".")], "msg": message}
             for name, message in problems
         ])
 
 
 def summarize(group: ScoredData, level: str, where: str = "body") -> Submission:
     """Check a parsed group and summarise it for storage (raises `BodyInvalid`)."""
-    warnings = check_group(group, level, where)
-    return Submission(len(group.tokens), group.env_id, group.submission_id, warnings)
+    problems = check_group(group, level, where)
+    longest = max((len(tokens) for tokens in group.tokens), default=0)
+    return Submission(len(group.tokens), group.env_id, group.submission_id, longest, problems)
 
 
 def inspect_group_body(body: bytes, gzipped: bool, level: str, max_decompressed: int) -> Submission:
     """Decompress (when `gzipped`), parse and check one submitted group."""
     if gzipped:
         body = gunzip_capped(body, max_decompressed)
-    try:
-        group = ScoredData.model_validate_json(body)
-    except ValidationError as exc:
-        raise BodyInvalid(schema_problems(exc)) from None
-    return summarize(group, level)
+    return summarize(parse_json(ScoredData, body), level)

@@ -34,7 +34,8 @@ def test_unknown_env_id_is_kept_with_a_warning_or_rejected_when_strict(make_clie
     assert response["status"] == "received" and "not a registered env" in response["warnings"][0]
     strict = make_client(validation="strict")
     start_run(strict, 4, envs=(("e", 2),))
-    assert strict.post("/scored_data", json=group(1, env_id=7)).status_code == 422
+    refused = strict.post("/scored_data", json=group(1, env_id=7))
+    assert refused.status_code == 404 and refused.json()["error"]["code"] == "unknown_env"
 
 
 def test_stale_buffered_groups_are_queued_after_the_ttl(make_client, clock) -> None:
