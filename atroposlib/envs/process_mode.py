@@ -70,12 +70,14 @@ async def _one_group(env: Any, item: Any) -> int:
         if not _counts_rollouts_itself(env):
             env.note_rollouts_finished(_rollout_count(result))
         if not result:
+            env.skipped["no_group"] += 1
             return 0
         result = await env.postprocess_histories(result)
         kept = await env.handle_send_to_api(result, item, do_send_to_api=False, abort_on_any_max_length_exceeded=False)
         return len(kept)
     except Exception:
         log.exception("a group failed")
+        env.skipped["error"] += 1
         return 0
     finally:
         await env.cleanup()
@@ -129,6 +131,25 @@ async def process(env: Any) -> None:
     if written < target:
         log.warning("wrote %d of %d groups: the environment ran out of items", written, target)
     print(f"wrote {written} groups to {config.data_path_to_save_groups}")
+    _report_rejections(env.skipped)
+
+
+REJECTION_REASONS = {
+    "no_group": "the environment returned no group (its own filter, e.g. all scores equal or all rollouts unusable)",
+    "error": "generating or scoring raised an error (logged above)",
+    "wrong_group_size": "fewer rollouts than group_size (the environment dropped some)",
+    "same_scores": "all scores equal (--env.ensure_scores_are_not_same false keeps them)",
+    "too_long": "a sequence reached max_token_length",
+}
+
+
+def _report_rejections(skipped: dict[str, int]) -> None:
+    """Say how many generated groups were not written, and why, one line per reason."""
+    if not skipped:
+        return
+    print(f"{sum(skipped.values())} generated groups were not written:")
+    for reason, count in sorted(skipped.items(), key=lambda entry: -entry[1]):
+        print(f"  {count} {reason}: {REJECTION_REASONS.get(reason, 'dropped by the checks')}")
 
 
 def _render(path: str) -> None:
