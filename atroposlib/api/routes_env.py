@@ -70,14 +70,15 @@ async def scored_data_list(request: Request) -> Response:
     rt = runtime(request)
     state = rt.state
     list_key = _idempotency_key(request)
-    repeated = rt.intake.repeat_answer(list_key)
-    if repeated is not None:
-        return json_response(repeated)
     submissions = []
     for i, group in enumerate(groups):
         submission = summarize(group, state.settings.validation, f"body.{i}")
         rt.intake.review(submission, f"body.{i}")
         submissions.append(submission)
+    # Checked after validation: a key never makes an invalid body acceptable.
+    repeated = rt.intake.repeat_answer(list_key)
+    if repeated is not None:
+        return json_response(repeated)
     summary: dict[str, Any] = {"status": "received", "groups_processed": len(groups)}
     buffered, duplicates, warnings = 0, 0, []
     with state.journal.transaction():

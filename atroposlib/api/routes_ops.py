@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
-from starlette.responses import Response
+from starlette.responses import PlainTextResponse, Response
 
 from atroposlib.api.contract import text_response
 from atroposlib.api.metrics import CONTENT_TYPE
@@ -78,7 +78,7 @@ async def envs(request: Request) -> Response:
 
 
 @router.get(
-    "/metrics", summary="Prometheus metrics",
+    "/metrics", summary="Prometheus metrics", response_class=PlainTextResponse,
     responses=text_response("Prometheus text exposition format (version 0.0.4)"),
 )
 async def metrics(request: Request) -> Response:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import uuid
 from contextlib import asynccontextmanager
@@ -22,7 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.middleware.gzip import GZipMiddleware
 from starlette.responses import Response
-from starlette.routing import Match
+from starlette.routing import BaseRoute, compile_path
 
 from atroposlib.api import routes_env, routes_ops, routes_trainer
 from atroposlib.api.contract import install_contract
@@ -95,10 +96,11 @@ def create_app(
     # documentation routes FastAPIOffline added last.
     documentation = list(app.router.routes)
     app.router.routes.clear()
-    app.include_router(routes_env.router)
-    app.include_router(routes_trainer.router)
-    app.include_router(routes_ops.router)
+    routers = (routes_env.router, routes_trainer.router, routes_ops.router)
+    for router in routers:
+        app.include_router(router)
     app.router.routes.extend(documentation)
+    app.state.methods_by_path = _methods_by_path([*(r for router in routers for r in router.routes), *documentation])
     install_contract(app, settings)
     _install_error_handlers(app, metrics)
     _install_middleware(app, settings, metrics, get_runtime)
@@ -173,13 +175,22 @@ def _install_error_handlers(app: FastAPI, metrics: ApiMetrics) -> None:
                         {"request_id": request_id}).response()
 
 
+def _methods_by_path(routes: list[BaseRoute]) -> list[tuple[re.Pattern[str], frozenset[str]]]:
+    """(path pattern, methods) of every route that serves fixed methods."""
+    table = []
+    for route in routes:
+        path, methods = getattr(route, "path", None), getattr(route, "methods", None)
+        if path and methods:
+            table.append((compile_path(path)[0], frozenset(methods)))
+    return table
+
+
 def allowed_methods(request: Request) -> list[str]:
-    """The methods some route serves at the request's path (sorted)."""
+    """The methods some route serves at the request's path (sorted), for ``Allow``."""
     methods: set[str] = set()
-    for route in request.app.router.routes:
-        match, _ = route.matches(request.scope)
-        if match is not Match.NONE:
-            methods |= getattr(route, "methods", None) or set()
+    for pattern, served in request.app.state.methods_by_path:
+        if pattern.match(request.url.path):
+            methods |= served
     return sorted(methods)
 
 
