@@ -88,7 +88,7 @@ class APIServer(ABC):
         raise NotImplementedError(f"{type(self).__name__} does not return tokens and logprobs")
 
     async def _get_logprobs_wrapper(self, **kwargs: Any) -> Any:
-        raise NotImplementedError(f"{type(self).__name__} does not score prompts")
+        raise NotImplementedError(f"{type(self).__name__} does not implement get_logprobs (prompt scoring)")
 
     async def _probe_health(self, client: httpx.AsyncClient) -> bool:
         """One cheap health probe: the server's /health, else its model list."""

@@ -30,6 +30,14 @@ THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 THINK_OPEN_MARK, THINK_CLOSE_MARK = "__MNGD_THINK__", "__MNGD_ENDTHINK__"
 
 
+def _has_chat_template(tokenizer: Any) -> bool:
+    """Whether `tokenizer` renders chats: Hugging Face tokenizers say so in ``chat_template``
+    (None without one); other objects with ``apply_chat_template`` are trusted to."""
+    if not hasattr(tokenizer, "apply_chat_template"):
+        return False
+    return getattr(tokenizer, "chat_template", "own") is not None
+
+
 class SequenceNode(BaseModel):
     """One tracked sequence: prompt plus completion, with labels and logprobs per token."""
 
@@ -68,11 +76,18 @@ class ManagedServer:
         self.sequences.clear()
 
     # -- prompts -----------------------------------------------------------------------------
+    def _get_translator(self) -> Optional[ToolCallTranslator]:
+        """The tool-call translator (None without a tool parser)."""
+        return self.translator
+
     def render(self, messages: list[dict[str, Any]], tools: Any = None) -> str:
-        """The prompt text of `messages` under the tokenizer's chat template."""
+        """The prompt text of `messages` under the tokenizer's chat template; assistant
+        messages that made tool calls are replayed as the model's raw text."""
+        if self.translator is not None:
+            messages = self.translator.convert_messages_for_template(messages)
         replayed = [self._mark_think(m) for m in messages]
         add_generation_prompt = not messages or messages[-1].get("role") != "assistant"
-        if getattr(self.tokenizer, "chat_template", None):
+        if _has_chat_template(self.tokenizer):
             kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": add_generation_prompt}
             if tools:
                 kwargs["tools"] = tools
@@ -80,6 +95,8 @@ class ManagedServer:
         else:
             prompt = "\n".join(f"{m.get('role')}: {m.get('content')}" for m in replayed)
         return prompt.replace(THINK_OPEN_MARK, THINK_OPEN).replace(THINK_CLOSE_MARK, THINK_CLOSE)
+
+    _convert_messages_to_prompt = render  # Atropos 0.4.0's name, used by its tests
 
     def _mark_think(self, message: dict[str, Any]) -> dict[str, Any]:
         if self.preserve_think_blocks or message.get("role") != "assistant" or not isinstance(message.get("content"), str):
@@ -109,19 +126,20 @@ class ManagedServer:
         if tools and self.translator is None and not self._warned_tools:
             log.warning("tools are rendered into the prompt, but no tool parser is configured to read calls back")
             self._warned_tools = True
-        if self.translator is not None:
-            messages = self.translator.convert_messages_for_template(messages)
         prompt = self.render(messages, tools)
         texts, reasons = await self._generate(prompt, kwargs, skip_special=not tools)
         choices = []
         for i, text in enumerate(texts):
-            message: dict[str, Any] = {"role": "assistant", "content": text}
+            message = ChatCompletionMessage(role="assistant", content=text)
             reason = reasons[i]
             if self.translator is not None and tools:
                 content, calls, parsed_reason = self.translator.parse_model_output(text, tool_choice, tools)
                 if calls:
-                    message, reason = {"role": "assistant", "content": content or None, "tool_calls": calls}, parsed_reason
-            choices.append(Choice(index=i, finish_reason=reason, message=ChatCompletionMessage.model_validate(message)))
+                    message = ChatCompletionMessage(role="assistant", content=content)
+                    # OpenAI-shaped dicts, as Atropos returns them (assigned: validation would make models)
+                    message.tool_calls = [call.model_dump() for call in calls]  # type: ignore[assignment]
+                    reason = parsed_reason
+            choices.append(Choice(index=i, finish_reason=reason, message=message))
         return ChatCompletion(id=f"chatcmpl-{uuid.uuid4().hex}", object="chat.completion", created=int(time.time()),
                               model=self._model(), choices=choices)
 
@@ -136,7 +154,7 @@ class ManagedServer:
         if "messages" in kwargs:
             kwargs["prompt"] = self.render(kwargs.pop("messages"))
         if not hasattr(self.server, "get_logprobs"):
-            raise NotImplementedError(f"{type(self.server).__name__} cannot score prompts")
+            raise NotImplementedError(f"{type(self.server).__name__} does not implement get_logprobs")
         return await self.server.get_logprobs(**kwargs)
 
     def _model(self) -> str:

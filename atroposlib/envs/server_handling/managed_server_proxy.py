@@ -43,7 +43,7 @@ from atroposlib.envs.server_handling.proxy_wire import (
     SessionInfo,
     SessionSummary,
 )
-from atroposlib.envs.server_handling.server_manager import ServerManager
+from atroposlib.envs.server_handling.server_manager import ServerManager, server_setting
 
 log = logging.getLogger("atroposlib.proxy")
 
@@ -67,7 +67,7 @@ class Session:
 
     uuid: str
     managed: Any
-    base_url: str
+    base_url: Optional[str]
     tool_parser: Optional[str]
     created_at: float
     last_accessed: float
@@ -129,7 +129,8 @@ class ProxyState:
             managed = ManagedServer(server, self.tokenizer, track_tree=request.track_tree,
                                     tool_parser=request.tool_parser)
         now = self.clock()
-        session = Session(str(uuidlib.uuid4()), managed, str(server.config.base_url), request.tool_parser, now, now)
+        session = Session(str(uuidlib.uuid4()), managed, server_setting(server, "base_url") or None, request.tool_parser,
+                          now, now)
         self.store.expire_idle()
         self.store.sessions[session.uuid] = session
         return session
@@ -146,8 +147,6 @@ def _require_key(api_key: Optional[str]) -> Callable[[Request], None]:
 def _render(session: Session, tokenizer: Any, body: ProxyChatRequest) -> RenderedPrompt:
     messages = [m.model_dump(exclude_none=True) for m in body.messages]
     if isinstance(session.managed, ManagedServer):
-        if session.managed.translator is not None:
-            messages = session.managed.translator.convert_messages_for_template(messages)
         text = session.managed.render(messages, body.tools)
     else:
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, tools=body.tools)
@@ -205,8 +204,8 @@ def _add_admin_routes(app: FastAPI, state: ProxyState) -> None:
 
     @app.get("/servers")
     async def servers() -> dict[str, Any]:
-        return {"servers": [{"index": i, "base_url": s.config.base_url, "healthy": bool(s.server_healthy),
-                             "model_name": s.config.model_name, "server_type": s.config.server_type}
+        return {"servers": [{"index": i, "base_url": server_setting(s, "base_url"), "healthy": bool(s.server_healthy),
+                             "model_name": server_setting(s, "model_name"), "server_type": server_setting(s, "server_type")}
                             for i, s in enumerate(state.server_manager.servers)]}
 
 
@@ -237,7 +236,7 @@ def _add_session_routes(app: FastAPI, state: ProxyState) -> None:
             except Exception as exc:  # the backend failed; the caller's request was fine
                 log.exception("session %s: backend call failed", session_id)
                 raise ProxyError(500, f"inference backend failed: {exc}", "server_error") from exc
-        payload = response.model_dump(exclude_none=True)
+        payload = response.model_dump(exclude_none=True, warnings=False)  # tool_calls are plain dicts
         payload.update(id=f"chatcmpl-{uuidlib.uuid4().hex[:12]}", model=state.model_name)
         return JSONResponse(payload)
 

@@ -35,14 +35,14 @@ class SessionInfo(BaseModel):
     uuid: str
     model_name: str
     tool_parser: Optional[str]
-    base_url: str
+    base_url: Optional[str]
     created_at: float
 
 
 class SessionSummary(BaseModel):
     uuid: str
     model_name: str
-    base_url: str
+    base_url: Optional[str]
     created_at: float
     last_accessed: float
     num_nodes: int

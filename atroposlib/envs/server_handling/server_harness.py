@@ -102,6 +102,9 @@ class ServerHarness:
         return self._lookup(self.tokens_and_logprobs_map, str(kwargs.get("prompt", "")), "tokens-and-logprobs")
 
     async def get_logprobs(self, **kwargs: Any) -> Any:
+        if not self.logprobs_map:
+            raise NotImplementedError("ServerHarness does not implement get_logprobs until answers are scripted "
+                                      "with set_logprobs_response(prompt, response)")
         return self._lookup(self.logprobs_map, str(kwargs.get("prompt", "")), "logprobs")
 
     def update_weight(self, weight: float) -> None:

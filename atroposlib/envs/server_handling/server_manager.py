@@ -52,6 +52,12 @@ def backend_class(server_type: str) -> type[APIServer]:
     raise ValueError(f"unknown server_type {server_type!r}: use openai, vllm, sglang or trl")
 
 
+def server_setting(server: Any, name: str) -> Any:
+    """The config field `name` of `server`, or None: stand-ins such as test harnesses may
+    carry a config with only some of the fields."""
+    return getattr(getattr(server, "config", None), name, None)
+
+
 def slurm_inference_urls() -> list[str]:
     """Inference server URLs of the Slurm allocation: ports 9000.. on every node after
     the first $NUM_TRAINING_NODES, 8 // $INFER_TP servers per node."""
@@ -134,7 +140,7 @@ class ServerManager:
         """The server with this base URL (a trailing ``/`` is ignored); ValueError if none."""
         wanted = base_url.rstrip("/")
         for server in self.servers:
-            if str(server.config.base_url or "").rstrip("/") == wanted:
+            if str(server_setting(server, "base_url") or "").rstrip("/") == wanted:
                 return server
         raise ValueError(f"no inference server at {base_url}")
 

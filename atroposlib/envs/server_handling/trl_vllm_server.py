@@ -6,10 +6,11 @@ import time
 import uuid
 from typing import Any, Optional
 
-import httpx
+import aiohttp
 from openai.types import Completion, CompletionChoice
 from openai.types.chat import ChatCompletion, ChatCompletionMessage
 from openai.types.chat.chat_completion import Choice
+from transformers import AutoTokenizer
 
 from atroposlib.envs.server_handling.api_server import APIServer
 from atroposlib.envs.server_handling.configs import APIServerConfig
@@ -24,10 +25,8 @@ class TrlVllmServer(APIServer):
 
     def __init__(self, config: APIServerConfig, reasoning_config: Optional[ReasoningConfig] = None) -> None:
         super().__init__(config, reasoning_config)
-        from transformers import AutoTokenizer
-
-        self.tokenizer = AutoTokenizer.from_pretrained(config.model_name)
-        self.http = httpx.AsyncClient(timeout=config.timeout)
+        self.tokenizer = AutoTokenizer.from_pretrained(
+            config.tokenizer_name if config.tokenizer_name != "none" else config.model_name)
 
     async def _probe_health(self, client: Any) -> bool:
         return True
@@ -35,11 +34,13 @@ class TrlVllmServer(APIServer):
     async def _sample(self, prompt: str, kwargs: dict[str, Any]) -> tuple[list[str], list[str]]:
         body = {"prompts": [prompt], "n": int(kwargs.get("n") or 1),
                 **{k: kwargs.get(k, default) for k, default in SAMPLING_DEFAULTS.items()}}
-        response = await self.http.post(f"{(self.config.base_url or '').rstrip('/')}/generate/", json=body)
-        response.raise_for_status()
+        url = f"{(self.config.base_url or '').rstrip('/')}/generate/"
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.config.timeout)) as session:
+            async with session.post(url, json=body, raise_for_status=True) as response:
+                payload = await response.json()
         eos = self.tokenizer.eos_token_id
         texts, reasons = [], []
-        for ids in response.json()["completion_ids"]:
+        for ids in payload["completion_ids"]:
             texts.append(self.tokenizer.decode(ids, skip_special_tokens=True))
             reasons.append("stop" if eos in ids else "length")
         return texts, reasons
@@ -57,7 +58,3 @@ class TrlVllmServer(APIServer):
                    for i, (t, r) in enumerate(zip(texts, reasons))]
         return ChatCompletion(id=f"chatcmpl-{uuid.uuid4().hex}", object="chat.completion", created=int(time.time()),
                               model=self.config.model_name, choices=choices)
-
-    async def close(self) -> None:
-        await super().close()
-        await self.http.aclose()

@@ -134,3 +134,36 @@ def test_sglang_and_trl_backends(inference_url: str, tokenizer_dir: Path) -> Non
     assert ids == [1, 2] and outputs == [COMPLETION_IDS] * 2 and reasons == [{"type": "stop"}] * 2
     assert logprobs[0] == pytest.approx([-0.1, -0.2, -0.3])
     assert len(chat.choices) == 2 and chat.choices[0].finish_reason == "length"
+
+
+class CharTokenizer:
+    """Not a Hugging Face tokenizer: one id per character and a chat format of its own."""
+
+    eos_token_id = 0
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return ([1] if add_special_tokens else []) + [ord(c) for c in text]
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return "".join(chr(i) for i in ids if i > 1)
+
+    def apply_chat_template(self, messages, tokenize: bool = False, add_generation_prompt: bool = True) -> str:
+        return "".join(f"[{m['role']}]{m['content']}" for m in messages) + ("[assistant]" if add_generation_prompt else "")
+
+
+def test_any_tokenizer_with_a_chat_template_method_renders_prompts() -> None:
+    managed = ManagedServer(TokenHarness([ord("!")]), CharTokenizer())
+    messages = [{"role": "user", "content": "hi"}]
+    assert managed._convert_messages_to_prompt(messages) == "[user]hi[assistant]"
+    asyncio.run(managed.chat_completion(messages=messages))
+    assert managed.get_state()["nodes"][0].full_text == "[user]hi[assistant]!"
+
+
+def test_prompt_scoring_needs_a_backend_that_scores() -> None:
+    harness = ServerHarness()
+    managed = ManagedServer(harness, CharTokenizer())
+    with pytest.raises(NotImplementedError, match="does not implement get_logprobs"):
+        asyncio.run(managed.get_logprobs(prompt="[user]hi[assistant]"))
+    harness.set_logprobs_response("[user]hi[assistant]", {"prompt_tokens": [1, 2]})
+    scored = asyncio.run(managed.get_logprobs(messages=[{"role": "user", "content": "hi"}]))
+    assert scored == {"prompt_tokens": [1, 2]}

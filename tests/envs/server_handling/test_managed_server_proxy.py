@@ -166,3 +166,22 @@ def test_tool_calls_come_back_through_the_proxy(tokenizer_dir: Path) -> None:
         assert completion.choices[0].finish_reason == "tool_calls"
         assert completion.choices[0].message.tool_calls[0].function.name == "add"
         assert len(client.get(f"/{sid}/nodes").json()["nodes"]) == 1
+
+
+def test_backends_with_partial_configs_get_sessions(tokenizer_dir: Path) -> None:
+    """Stand-in backends (test harnesses) may have a config with a model name only."""
+    from types import SimpleNamespace
+
+    from atroposlib.envs.server_handling.server_harness import ServerHarness
+
+    harness = ServerHarness()
+    harness.config = SimpleNamespace(model_name="m")
+    manager = ServerManager(configs=[], testing=True)
+    manager.servers = [harness]
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_dir)
+    with TestClient(create_app(manager, tokenizer, "m")) as client:
+        created = client.post("/sessions/create", json={})
+        assert created.status_code == 200 and created.json()["base_url"] is None
+        assert client.get("/sessions").json()["sessions"][0]["base_url"] is None
+        assert client.get("/servers").json() == {"servers": [
+            {"index": 0, "base_url": None, "healthy": True, "model_name": "m", "server_type": None}]}

@@ -8,7 +8,7 @@ from pathlib import Path
 import transformers
 
 from atroposlib.envs.server_handling.managed_server import ManagedServer
-from atroposlib.envs.server_handling.tool_call_translator import ToolCallTranslator
+from atroposlib.envs.server_handling.tool_call_translator import VLLM_AVAILABLE, ToolCallTranslator, parse_hermes
 from atroposlib.utils.tool_call_parser import extract_tool_call, parse_tool_call
 from tests.envs.server_handling.test_managed_server import TokenHarness
 
@@ -28,12 +28,26 @@ def test_parse_tool_call() -> None:
 def test_translator_round_trip(tokenizer_dir: Path) -> None:
     translator = ToolCallTranslator(transformers.AutoTokenizer.from_pretrained(tokenizer_dir))
     content, calls, reason = translator.parse_model_output(RAW, "auto", TOOLS)
-    assert (content, reason, calls[0]["function"]["name"]) == ("Let me add.", "tool_calls", "add")
+    assert (content, reason, calls[0].function.name) == ("Let me add.", "tool_calls", "add")
+    assert translator.call_id_to_raw_text == {calls[0].id: RAW}
     assert translator.parse_model_output(RAW, "none", TOOLS) == (RAW, None, "stop")
-    replay = translator.convert_messages_for_template([{"role": "assistant", "content": content, "tool_calls": calls}])
+    replay = translator.convert_messages_for_template(
+        [{"role": "assistant", "content": content, "tool_calls": [c.model_dump() for c in calls]}])
     assert replay == [{"role": "assistant", "content": RAW}]
     foreign = [{"id": "x", "function": {"name": "add", "arguments": '{"a": 1}'}}]
-    assert translator.reconstruct_raw_text_from_tool_calls(foreign) == ('<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>', False)
+    assert translator.reconstruct_raw_text_from_tool_calls(foreign) == '<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>'
+    assert translator.convert_messages_for_template([{"role": "assistant", "content": "Sure.", "tool_calls": foreign}]) == [
+        {"role": "assistant", "content": 'Sure.\n<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>'}]
+
+
+def test_hermes_parsing_needs_no_vllm() -> None:
+    assert VLLM_AVAILABLE
+    two = '<tool_call>{"name": "a", "arguments": {}}</tool_call>\n<tool_call>{"name": "b", "arguments": {"x": 1}}</tool_call>'
+    content, calls = parse_hermes(two)
+    assert content is None and [(c.function.name, c.function.arguments) for c in calls] == [("a", "{}"), ("b", '{"x": 1}')]
+    unclosed = parse_hermes('<tool_call>{"name": "a", "arguments": {"q": "cats"}}')[1]
+    assert [(c.function.name, c.function.arguments) for c in unclosed] == [("a", '{"q": "cats"}')]
+    assert parse_hermes("<tool_call>not json</tool_call>") == ("<tool_call>not json</tool_call>", [])
 
 
 def test_managed_server_returns_tool_calls(tokenizer_dir: Path) -> None:
@@ -42,5 +56,5 @@ def test_managed_server_returns_tool_calls(tokenizer_dir: Path) -> None:
     managed = ManagedServer(TokenHarness(completion), tokenizer, tool_parser="hermes")
     response = asyncio.run(managed.chat_completion(messages=[{"role": "user", "content": "1 + 2?"}], tools=TOOLS))
     choice = response.choices[0]
-    assert choice.finish_reason == "tool_calls" and choice.message.tool_calls[0].function.name == "add"
+    assert choice.finish_reason == "tool_calls" and choice.message.tool_calls[0]["function"]["name"] == "add"
     assert managed.get_state()["nodes"][0].full_text.endswith(RAW)
