@@ -348,7 +348,7 @@ async def serve(env: Any) -> None:
     with stop.installed():
         try:
             finished, _ = await stop.unless(stop.orderly, _run(env, report))
-            outcome = (f"the run's last step (total_steps {env.config.total_steps}) is covered" if finished
+            outcome = (f"total_steps {env.config.total_steps} reached, counting the groups queued at the API" if finished
                        else f"{stop.signal_name} received")
         except Exception as exc:
             outcome = f"failed: {type(exc).__name__}: {exc}"

@@ -60,7 +60,7 @@ class StopRequest:
         self._handled += 1
         if not self.orderly.is_set():
             self.signal_name = name
-            log.warning("%s received: stopping (press Ctrl-C again to stop at once)", name)
+            log.warning("%s received: stopping; a second Ctrl-C or SIGTERM stops at once", name)
             self.orderly.set()
         elif not self.immediate.is_set():
             log.warning("%s received again: stopping at once", name)
@@ -80,6 +80,8 @@ class StopRequest:
             await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             waiter.cancel()
+            if task.done() and not task.cancelled():
+                task.exception()  # retrieved (it is raised below, or already propagated as KeyboardInterrupt)
             if not task.done():
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

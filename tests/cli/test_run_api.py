@@ -125,3 +125,13 @@ def test_non_loopback_bind_without_key_warns(tmp_path: Path) -> None:
     with ApiProcess(tmp_path / "state2", "--api-key", "k") as api:
         assert httpx.get(api.url + "/info").status_code == 401
         assert httpx.get(api.url + "/info", headers={"Authorization": "Bearer k"}).status_code == 200
+
+
+def test_help_states_each_default_once() -> None:
+    from atroposlib.cli.run_api import build_parser
+
+    text = build_parser().format_help()
+    options = text.split("\n  --")[1:]
+    assert options and all(option.count("(default") <= 1 for option in options), text
+    assert "(default: None)" not in text and "(default: False)" not in text
+    assert "(default: 8000)" in text

@@ -103,3 +103,46 @@ def test_help_lists_every_field_with_its_description_and_default(capsys: pytest.
     group_size = next(line for line in text.splitlines() if "--env.group_size " in line)
     assert "Rollouts per group" in group_size and "(default: " in group_size
     assert "--openai.base_url" in text and "--strict-config" in text and "--proxy_url" in text
+
+
+class Tuned(Demo):
+    @classmethod
+    def config_init(cls):
+        return BaseEnvConfig(group_size=16, total_steps=7), APIServerConfig(base_url="http://tuned/v1", model_name="m1")
+
+
+def _help(env_cls: type, mode: str, capsys: pytest.CaptureFixture[str]) -> dict[str, str]:
+    with pytest.raises(SystemExit) as stopped:
+        resolve_settings(env_cls, [mode, "--help"])
+    assert stopped.value.code == 0
+    return {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.startswith("  --")}
+
+
+def test_help_shows_the_values_the_environment_uses(capsys: pytest.CaptureFixture[str]) -> None:
+    lines = _help(Tuned, "process", capsys)
+    assert lines["--env.group_size"].endswith("(default: 16)")
+    assert lines["--env.total_steps"].endswith("(default: 7)")
+    assert lines["--env.ensure_scores_are_not_same"].endswith("(default: False)")  # process mode's own default
+    assert lines["--env.data_path_to_save_groups"].endswith("(default: data/demo.jsonl)")
+    assert lines["--openai.base_url"].endswith("(default: http://tuned/v1)")
+    assert lines["--openai.model_name"].endswith("(default: m1)")
+    serve = _help(Tuned, "serve", capsys)
+    assert serve["--env.ensure_scores_are_not_same"].endswith("(default: True)")
+    assert serve["--env.data_path_to_save_groups"].endswith("(default: null)")
+    several = _help(Listed, "serve", capsys)
+    assert "set per server by Listed.config_init (2 servers)" in several["--openai.base_url"]
+
+
+def test_a_mistyped_mode_gets_a_suggestion() -> None:
+    with pytest.raises(ConfigError, match="unknown mode 'proces'; did you mean process?"):
+        resolve_settings(Demo, ["proces"])
+    with pytest.raises(ConfigError, match="unknown mode 'train'; choose one of serve, process, evaluate"):
+        resolve_settings(Demo, ["train"])
+
+
+def test_help_without_a_mode_lists_the_modes(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        resolve_settings(Demo, ["--help"])
+    assert stopped.value.code == 0
+    text = capsys.readouterr().out
+    assert all(f"  {mode}" in text for mode in ("serve", "process", "evaluate"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import time
@@ -12,7 +13,7 @@ import httpx
 import pytest
 
 from tests.conftest import registration
-from tests.envs.conftest import env_command
+from tests.envs.conftest import env_command, start_fake_inference
 from tests.helpers import ApiProcess
 
 pytestmark = pytest.mark.slow
@@ -162,3 +163,49 @@ def test_serve_testing_mode_needs_no_model(tokenizer_dir: Path, tmp_path: Path) 
         finally:
             env.send_signal(signal.SIGTERM)
             assert env.wait(60) == 0
+
+
+def test_mistyped_mode_exits_2_with_a_suggestion(tmp_path: Path) -> None:
+    result = subprocess.run(env_command("proces"), cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "did you mean process?" in result.stderr
+
+
+def test_evaluate_reports_its_wall_time(tokenizer_dir: Path, tmp_path: Path) -> None:
+    slow, url = start_fake_inference(latency=0.25)  # evaluate() makes 8 requests one after another
+    try:
+        flags = common_flags(tokenizer_dir, url, tmp_path) + ["--env.data_dir_to_save_evals", str(tmp_path / "evals")]
+        result = subprocess.run(env_command("evaluate", *flags), cwd=tmp_path, capture_output=True, text=True,
+                                timeout=120)
+    finally:
+        slow.terminate()
+        slow.wait(10)
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = json.loads((tmp_path / "evals" / "metrics.json").read_text())
+    assert float(metrics["config_general"]["total_evaluation_time_seconds"]) >= 8 * 0.25
+
+
+def test_serve_logs_progress_and_a_summary_when_it_reaches_total_steps(
+    tokenizer_dir: Path, inference_url: str, tmp_path: Path
+) -> None:
+    with ApiProcess(None, "--ephemeral") as api:
+        httpx.post(api.url + "/register", json=registration(8)).raise_for_status()
+        httpx.get(api.url + "/batch")
+        flags = common_flags(tokenizer_dir, inference_url, tmp_path) + [
+            "--env.rollout_server_url", api.url, "--env.total_steps", "3", "--env.progress_log_interval", "0.5"]
+        env = subprocess.Popen(env_command("serve", *flags), cwd=tmp_path, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+        try:
+            deadline = time.monotonic() + 120
+            while env.poll() is None and time.monotonic() < deadline:
+                httpx.get(api.url + "/batch")  # the trainer takes batches, so the step advances
+                time.sleep(0.3)
+        finally:
+            if env.poll() is None:
+                env.kill()
+            output = env.communicate(timeout=30)[0]
+    assert env.returncode == 0, output[-3000:]
+    assert "HTTP Request:" not in output
+    assert re.search(r"step \d+/3: \d+ groups sent \(\d+ rollouts\), 0 dropped", output), output[-3000:]
+    summary = re.search(r"serve stopped \(total_steps 3 reached, counting the groups queued at the API\) "
+                        r"after \S+: step \d/3, (\d+) groups sent \((\d+) rollouts\)", output)
+    assert summary and int(summary.group(1)) >= 3 and int(summary.group(2)) == 4 * int(summary.group(1)), output[-3000:]

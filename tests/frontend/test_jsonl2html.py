@@ -43,3 +43,19 @@ def test_empty_file_and_missing_file(tmp_path: Path) -> None:
     assert "No data to display" in generate_html(empty).read_text()
     with pytest.raises(FileNotFoundError):
         generate_html(tmp_path / "missing.jsonl")
+
+
+def test_command_line_help_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from atroposlib.frontend.jsonl2html import main
+
+    with pytest.raises(SystemExit) as stopped:
+        main(["--help"])
+    assert stopped.value.code == 0 and "usage: atropos-jsonl2html" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as stopped:
+        main([])
+    assert stopped.value.code == 2
+    assert main([str(tmp_path / "missing.jsonl")]) == 1
+    assert "no JSONL file at" in capsys.readouterr().err
+    data = tmp_path / "run.jsonl"
+    data.write_text(json.dumps({"messages": ["hi"], "scores": [1]}) + "\n")
+    assert main([str(data), str(tmp_path / "page.html")]) == 0 and (tmp_path / "page.html").exists()

@@ -1,0 +1,81 @@
+"""BaseEnv's bookkeeping: dropped groups are explained once and counted, evaluations are timed."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from pathlib import Path
+from typing import Any, Optional
+
+import pytest
+
+from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig
+
+
+class Scripted(BaseEnv):
+    """Rollouts without a model: rollout i of a group scores i (or 0 for all with `same`)."""
+
+    name = "scripted"
+
+    def __init__(self, *args: Any, same: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.same = same
+        self.finished_at: list[int] = []
+        self.counter = 0
+
+    async def setup(self) -> None:
+        pass
+
+    async def get_next_item(self) -> dict[str, int]:
+        return {"n": 1}
+
+    async def collect_trajectory(self, item: Any) -> tuple[dict[str, Any], list[Any]]:
+        self.counter += 1
+        index = self.counter
+        await asyncio.sleep(0.02 * (index % 4))
+        return {"tokens": [1, 2, 3], "masks": [-100, 2, 3], "scores": 0.0 if self.same else float(index)}, []
+
+    async def evaluate(self, *args: Any, **kwargs: Any) -> None:
+        await asyncio.sleep(0.3)
+        self.evaluate_log({"eval/accuracy": 1.0})
+
+
+def make_env(tokenizer_dir: Path, tmp_path: Path, same: bool = False, env_class: Optional[type] = None, **config: Any) -> Scripted:
+    settings = dict(tokenizer_name=str(tokenizer_dir), use_wandb=False, group_size=4, total_steps=2,
+                    data_dir_to_save_evals=str(tmp_path / "evals"), ensure_scores_are_not_same=True)
+    settings.update(config)
+    server = APIServerConfig(base_url="http://127.0.0.1:9/v1", model_name="m", health_check=False)
+    return (env_class or Scripted)(BaseEnvConfig(**settings), [server], same=same)
+
+
+def test_equal_score_groups_are_explained_once_and_counted(
+    tokenizer_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    env = make_env(tokenizer_dir, tmp_path, same=True)
+
+    async def three_groups() -> None:
+        for _ in range(3):
+            group, _ = await env.collect_trajectories({"n": 1})
+            assert await env.handle_send_to_api(group, do_send_to_api=False) == []
+
+    with caplog.at_level(logging.WARNING, logger="atroposlib.envs"):
+        asyncio.run(three_groups())
+    explained = [r.getMessage() for r in caplog.records if "same_scores" in r.getMessage()]
+    assert len(explained) == 1 and "--env.ensure_scores_are_not_same false" in explained[0]
+    assert env.skipped.summary() == "3 dropped (same_scores 3)"
+
+
+def test_default_collect_trajectories_counts_each_rollout_as_it_finishes(tokenizer_dir: Path, tmp_path: Path) -> None:
+    env = make_env(tokenizer_dir, tmp_path)
+    seen: list[int] = []
+    env.on_rollouts_finished = lambda count: seen.append(env.rollouts_finished)
+    group, _ = asyncio.run(env.collect_trajectories({"n": 1}))
+    assert seen == [1, 2, 3, 4] and len(group["tokens"]) == 4
+
+
+def test_evaluation_time_is_the_wall_time_of_evaluate(tokenizer_dir: Path, tmp_path: Path) -> None:
+    env = make_env(tokenizer_dir, tmp_path)
+    asyncio.run(env.run_evaluation())
+    metrics = json.loads((tmp_path / "evals" / "metrics.json").read_text())
+    assert float(metrics["config_general"]["total_evaluation_time_seconds"]) >= 0.3

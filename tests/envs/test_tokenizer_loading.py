@@ -1,0 +1,56 @@
+"""A tokenizer that cannot be loaded gives one line naming it and the fix, at once."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from atroposlib.envs import tokenizer_loading
+from atroposlib.envs.tokenizer_loading import TokenizerUnavailable, load_tokenizer
+from tests.envs.conftest import env_command
+from tests.helpers import free_port
+
+
+def test_a_local_folder_loads(tokenizer_dir: Path) -> None:
+    assert load_tokenizer(str(tokenizer_dir)).encode("hello")
+
+
+def test_missing_or_broken_folders_are_named(tmp_path: Path) -> None:
+    with pytest.raises(TokenizerUnavailable, match=f"no tokenizer folder at {tmp_path}/absent"):
+        load_tokenizer(str(tmp_path / "absent"))
+    with pytest.raises(TokenizerUnavailable, match=f"cannot load the tokenizer in {tmp_path}"):
+        load_tokenizer(str(tmp_path))
+
+
+def test_an_unknown_model_gives_the_first_line_of_the_hub_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from transformers import AutoTokenizer
+
+    def refuse(name: str, **kwargs: object) -> None:
+        raise OSError(f"{name} is not a local folder and is not a valid model identifier\nmore\nlines")
+
+    monkeypatch.setattr(tokenizer_loading, "_hub_problem", lambda endpoint: None)
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", refuse)
+    with pytest.raises(TokenizerUnavailable) as error:
+        load_tokenizer("nobody/no-such-model")
+    message = str(error.value)
+    assert "\n" not in message and "'nobody/no-such-model'" in message
+    assert "is not a valid model identifier" in message and "--env.tokenizer_name" in message
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("offline", [False, True])
+def test_process_testing_without_a_reachable_hub_fails_at_once(offline: bool, tmp_path: Path) -> None:
+    environment = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "WANDB_MODE": "disabled",
+                   "HF_ENDPOINT": f"http://127.0.0.1:{free_port()}"}  # nothing listens there: "offline"
+    if offline:
+        environment["HF_HUB_OFFLINE"] = "1"
+    result = subprocess.run(env_command("process", "--testing", "--env.total_steps", "2"), cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120, env=environment)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    (line,) = [line for line in result.stderr.splitlines() if "tokenizer" in line]
+    assert "'NousResearch/DeepHermes-3-Llama-3-3B-Preview'" in line and "--env.tokenizer_name" in line
+    assert ("HF_HUB_OFFLINE is set" if offline else "cannot be reached") in line
