@@ -99,8 +99,9 @@ def _more(found: Sequence[Any]) -> str:
 def _token_out_of_range(tokens: list[int]) -> Optional[int]:
     """Index of the first token id outside ``[0, TOKEN_ID_LIMIT)``, or None."""
     try:
-        # Packing into int32 runs in C and refuses anything past the upper bound.
-        if np.frombuffer(array("i", tokens), dtype=np.int32).min() >= 0:
+        # Packing into uint32 runs in C (signed typecodes take a slow path) and refuses
+        # negative ids and ids past 2**32; numpy checks the rest of the range.
+        if np.frombuffer(array("I", tokens), dtype=np.uint32).max() < TOKEN_ID_LIMIT:
             return None
     except OverflowError:
         pass
