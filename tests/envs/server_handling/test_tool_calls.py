@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
 from pathlib import Path
+
+import pytest
 
 import transformers
 
 from atroposlib.envs.server_handling.managed_server import ManagedServer
 from atroposlib.envs.server_handling.tool_call_translator import VLLM_AVAILABLE, ToolCallTranslator, parse_hermes
 from atroposlib.utils.tool_call_parser import extract_tool_call, parse_tool_call
+from atroposlib.local.runtime import Runtime
 from tests.envs.server_handling.test_managed_server import TokenHarness
 
 TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
@@ -58,3 +63,30 @@ def test_managed_server_returns_tool_calls(tokenizer_dir: Path) -> None:
     choice = response.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.tool_calls[0]["function"]["name"] == "add"
     assert managed.get_state()["nodes"][0].full_text.endswith(RAW)
+
+
+VLLM_PARSING = """
+import json, sys
+from transformers import AutoTokenizer
+from atroposlib.envs.server_handling.tool_call_translator import ToolCallTranslator
+translator = ToolCallTranslator(AutoTokenizer.from_pretrained(sys.argv[1]), "pythonic")
+content, calls, reason = translator.parse_model_output("[add(a=1, b=2)]", "auto", json.loads(sys.argv[2]))
+print(json.dumps([reason, [c.model_dump() for c in calls], translator.call_id_to_raw_text]))
+"""
+
+
+@pytest.mark.real_vllm
+@pytest.mark.slow
+def test_other_formats_use_vllms_parsers(tokenizer_dir: Path) -> None:
+    """Run in the vLLM runtime's own interpreter, the one place vLLM is installed."""
+    runtime = Runtime()
+    if not runtime.is_installed():
+        pytest.skip(f"no vLLM runtime at {runtime.path} (run `atropos-vllm install`, or set ATROPOS_HOME)")
+    root = Path(__file__).resolve().parents[3]
+    done = subprocess.run([str(runtime.python), "-c", VLLM_PARSING, str(tokenizer_dir), json.dumps(TOOLS)],
+                          capture_output=True, text=True, timeout=300, cwd=root,
+                          env={"PYTHONPATH": str(root), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    reason, calls, raw_by_id = json.loads(done.stdout.strip().splitlines()[-1])
+    assert reason == "tool_calls" and [c["function"] for c in calls] == [{"name": "add", "arguments": '{"a": 1, "b": 2}'}]
+    assert raw_by_id == {calls[0]["id"]: "[add(a=1, b=2)]"}
