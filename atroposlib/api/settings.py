@@ -26,8 +26,8 @@ class ApiSettings(BaseModel):
     )
     api_key: Optional[str] = Field(
         default=None,
-        description="Require 'Authorization: Bearer KEY' on every endpoint but / and "
-        "/health (default: $ATROPOS_API_KEY).",
+        description="Require 'Authorization: Bearer KEY' on every endpoint but /, /health "
+        "and the documentation (default: $ATROPOS_API_KEY).",
     )
     state_dir: Optional[Path] = Field(
         default=None,
@@ -44,8 +44,10 @@ class ApiSettings(BaseModel):
     )
     validation: Literal["off", "warn", "strict"] = Field(
         default="warn",
-        description="Cross-field checks of submitted groups: 'warn' rejects inconsistent "
-        "token/mask/score lengths and warns about the rest; 'strict' rejects both.",
+        description="Checks of submitted groups beyond the JSON schema: 'warn' refuses "
+        "inconsistent token/mask/score lengths and accepts suspect groups (token ids, mask "
+        "labels, array shapes, too long for the trainer, non-JSON Content-Type) with a "
+        "warning; 'strict' refuses those too; 'off' checks the schema only (see CONFIG.md).",
     )
     validation_workers: Optional[int] = Field(
         default=None, ge=0, le=64,
