@@ -194,13 +194,18 @@ def is_json_media_type(content_type: bytes) -> bool:
 
 class JsonBodies:
     """Bodies are JSON whatever they are declared as; a body declared otherwise (or not
-    at all) is refused with 415 under ``strict``, reported to `on_problem` under ``warn``.
-    Sits inside `BodyLimits`, which hands on the whole body in one message."""
+    at all) is refused with 415 under ``strict`` (reported to `on_refused`), accepted and
+    reported to `on_accepted` under ``warn``. Sits inside `BodyLimits`, which hands on the
+    whole body in one message."""
 
-    def __init__(self, app: ASGIApp, level: str, on_problem: Callable[[Problem], None]) -> None:
+    def __init__(
+        self, app: ASGIApp, level: str,
+        on_accepted: Callable[[Problem], None], on_refused: Callable[[Problem], None],
+    ) -> None:
         self.app = app
         self.level = level
-        self.on_problem = on_problem
+        self.on_accepted = on_accepted
+        self.on_refused = on_refused
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or self.level == "off":
@@ -212,9 +217,10 @@ class JsonBodies:
             shown = declared.decode("latin-1") if declared is not None else "none"
             problem = Problem("content_type", "header.Content-Type", f"{shown} is not application/json")
             if self.level == "strict":
+                self.on_refused(problem)
                 await send_error(send, 415, "unsupported_media_type", f"{problem.text()}: send JSON bodies as application/json")
                 return
-            self.on_problem(problem)
+            self.on_accepted(problem)
         replayed = False
 
         async def replay() -> Message:

@@ -100,7 +100,9 @@ def create_app(
     for router in routers:
         app.include_router(router)
     app.router.routes.extend(documentation)
-    app.state.methods_by_path = _methods_by_path([*(r for router in routers for r in router.routes), *documentation])
+    app.state.methods_by_path = _methods_by_path(
+        [*(route for router in routers for route in router.routes), *documentation]
+    )
     install_contract(app, settings)
     _install_error_handlers(app, metrics)
     _install_middleware(app, settings, metrics, get_runtime)
@@ -112,7 +114,11 @@ def _install_middleware(
 ) -> None:
     # Added innermost first: the last one added sees the request first.
     app.add_middleware(DurableResponses, journal=lambda: runtime().journal)
-    app.add_middleware(JsonBodies, level=settings.validation, on_problem=lambda p: runtime().ledger.record([p]))
+    app.add_middleware(
+        JsonBodies, level=settings.validation,
+        on_accepted=lambda problem: runtime().ledger.record([problem]),
+        on_refused=lambda _: metrics.rejected.labels(reason="unsupported_media_type").inc(),
+    )
     app.add_middleware(GZipMiddleware, minimum_size=RESPONSE_GZIP_MIN_BYTES, compresslevel=RESPONSE_GZIP_LEVEL)
     app.add_middleware(
         BodyLimits,

@@ -112,6 +112,7 @@ def test_content_type_must_be_json_in_strict(make_client: Callable[..., TestClie
         assert refused.status_code == 415, refused.text
         assert refused.json()["error"]["code"] == "unsupported_media_type"
         assert "Content-Type" in refused.json()["error"]["message"]
+    assert 'atropos_rejected_total{reason="unsupported_media_type"} 2.0' in strict.get("/metrics").text
     assert strict.post("/register", json=registration()).status_code == 200
     vendor = {"Content-Type": "application/vnd.example+json; charset=utf-8"}
     assert strict.post("/scored_data", content=json.dumps(group(2)), headers=vendor).status_code == 200
