@@ -30,13 +30,15 @@ class ApiError(Exception):
     """A client-visible failure with an HTTP status and a stable machine-readable code."""
 
     def __init__(
-        self, status: int, code: str, message: str, details: Optional[dict[str, Any]] = None
+        self, status: int, code: str, message: str, details: Optional[dict[str, Any]] = None,
+        headers: Optional[dict[str, str]] = None,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
         self.details = details or {}
+        self.headers = headers
 
     def body(self) -> dict[str, Any]:
         return error_body(self.code, self.message, self.details)
@@ -46,7 +48,7 @@ class ApiError(Exception):
             dump_json(self.body()),
             status_code=self.status,
             media_type="application/json",
-            headers=headers,
+            headers=headers if headers is not None else self.headers,
         )
 
 

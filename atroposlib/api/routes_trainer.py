@@ -146,7 +146,9 @@ async def status(request: Request) -> Response:
 async def reset_data(request: Request) -> Response:
     rt = runtime(request)
     if rt.settings.disable_get_reset:
-        raise ApiError(405, "method_disabled", "GET /reset_data is disabled on this server: use POST /reset")
+        # An empty Allow: no method is served at this path on this server.
+        raise ApiError(405, "method_disabled", "GET /reset_data is disabled on this server: use POST /reset",
+                       headers={"Allow": ""})
     _reset(request)
     return PlainTextResponse("Reset successful")
 
