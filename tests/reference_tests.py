@@ -91,13 +91,13 @@ def run_reference_tests(package: Path, python: Path = Path(sys.executable), env:
         return result
     for case in ElementTree.parse(report).getroot().iter("testcase"):
         test = f"{case.get('classname')}::{case.get('name')}"
-        outcome = next(iter(case), None)
-        if outcome is None or outcome.tag in ("system-out", "system-err", "properties"):
-            result.passed.append(test)
-        elif outcome.tag == "skipped":
-            result.skipped[test] = outcome.get("message", "")
-        else:
+        skipped = case.find("skipped")
+        if case.find("failure") is not None or case.find("error") is not None:
             result.failed.append(test)
+        elif skipped is not None:
+            result.skipped[test] = skipped.get("message", "")
+        else:
+            result.passed.append(test)
     if completed.returncode not in (0, 5) and not result.failed:  # 5: nothing collected
         result.failed.append(f"pytest exited {completed.returncode}")
     return result
