@@ -147,7 +147,8 @@ def _report_rejections(skipped: dict[str, int]) -> None:
     """Say how many generated groups were not written, and why, one line per reason."""
     if not skipped:
         return
-    print(f"{sum(skipped.values())} generated groups were not written:")
+    total = sum(skipped.values())
+    print(f"{total} generated group{'s were' if total > 1 else ' was'} not written:")
     for reason, count in sorted(skipped.items(), key=lambda entry: -entry[1]):
         print(f"  {count} {reason}: {REJECTION_REASONS.get(reason, 'dropped by the checks')}")
 
