@@ -50,7 +50,7 @@ def test_default_server_matches_its_contract(tmp_path: Path) -> None:
     with ApiProcess(None, "--ephemeral", "--log-level", "warning") as api:
         result = run_schemathesis(api.url, tmp_path)
     assert result.returncode == 0, _report(result)
-    assert "No issues found" in result.stdout or " passed" in result.stdout, _report(result)
+    assert " passed" in result.stdout, _report(result)
 
 
 @pytest.mark.slow
@@ -61,3 +61,4 @@ def test_strict_server_with_api_key_matches_its_contract(tmp_path: Path) -> None
     ) as api:
         result = run_schemathesis(api.url, tmp_path, "--header", f"Authorization: Bearer {API_KEY}")
     assert result.returncode == 0, _report(result)
+    assert " passed" in result.stdout, _report(result)
