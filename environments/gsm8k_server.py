@@ -1,8 +1,10 @@
 """GSM8K: grade-school math word problems, reasoned in ``<think>`` and answered in ``\\boxed{}``.
 
-The canonical Atropos example. Each group is one `managed_server()` chat call with
+The canonical Atropos example. Each group comes from a `managed_server()` chat call with
 ``n = group_size``, so every rollout carries the exact prompt/completion token ids, a
--100 prompt mask and the sampler's logprobs. A rollout scores 1 when the text after
+-100 prompt mask and the sampler's logprobs. Rollouts with fewer than 10 completion tokens
+are not trained on; the few missing ones are sampled again (twice at most), so a group is
+not thrown away for one short answer. A rollout scores 1 when the text after
 ``</think>`` verifies (math-verify) against the gold answer, else -1; when a whole group
 is right, longer answers are penalised linearly above half of ``max_token_length``.
 
@@ -38,6 +40,7 @@ SYSTEM_PROMPT = (
     "So please end your answer with \\boxed{your answer here}"
 )
 MIN_TRAINABLE_TOKENS = 10
+TOP_UP_ATTEMPTS = 2
 
 
 class GSM8kConfig(BaseEnvConfig):
@@ -61,6 +64,11 @@ def answer_is_correct(completion: str, gold: str) -> bool:
                                                  boxed="all", units=True),
         boxed_match_priority=0, try_extract_without_anchor=False)])
     return bool(gold_parsed) and bool(answer_parsed) and verify(answer_parsed, gold_parsed)
+
+
+def _usable(rollout: dict) -> bool:
+    """Whether a rollout has enough completion tokens to train on."""
+    return sum(1 for mask in rollout["masks"] if mask != -100) >= MIN_TRAINABLE_TOKENS
 
 
 def _read_jsonl(path: str) -> list[dict]:
@@ -118,27 +126,36 @@ class GSM8kEnv(BaseEnv):
     def _prompt(self, question: str) -> list[dict]:
         return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": question}]
 
-    async def collect_trajectories(self, item):
+    async def _sample(self, item, n: int) -> list[dict]:
+        """`n` rollouts of `item` from one chat call, with their exact tokens, masks and logprobs."""
         async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
             completion = await managed.chat_completion(
-                messages=self._prompt(item["question"]), n=self.config.group_size,
-                max_tokens=self.config.max_token_length, temperature=1.0,
+                messages=self._prompt(item["question"]), n=n, max_tokens=self.config.max_token_length,
+                temperature=1.0,
             )
             nodes = managed.get_state()["nodes"]
-        rollouts = []
-        for choice, node in zip(completion.choices, nodes):
-            rollouts.append({
-                "messages": self._prompt(item["question"]) + [{"role": "assistant", "content": choice.message.content}],
-                "tokens": node.tokens, "masks": node.masked_tokens, "logprobs": node.logprobs,
-                "finish_reason": choice.finish_reason,
-            })
+        return [{
+            "messages": self._prompt(item["question"]) + [{"role": "assistant", "content": choice.message.content}],
+            "tokens": node.tokens, "masks": node.masked_tokens, "logprobs": node.logprobs,
+            "finish_reason": choice.finish_reason,
+        } for choice, node in zip(completion.choices, nodes)]
+
+    async def collect_trajectories(self, item):
+        rollouts = [r for r in await self._sample(item, self.config.group_size) if _usable(r)]
+        # A rollout too short to train on would leave the group short, and a short group is
+        # dropped whole: sample just the missing ones instead of wasting the others.
+        for _ in range(TOP_UP_ATTEMPTS):
+            missing = self.config.group_size - len(rollouts)
+            if missing <= 0:
+                break
+            rollouts += [r for r in await self._sample(item, missing) if _usable(r)]
         return await self.score_group(rollouts, item["answer"]), []
 
     async def score_group(self, rollouts: list[dict], gold: str) -> Optional[ScoredDataGroup]:
         group = ScoredDataGroup(tokens=[], masks=[], scores=[], inference_logprobs=[], messages=[])
         random.shuffle(rollouts)
         for rollout in rollouts:
-            if sum(1 for mask in rollout["masks"] if mask != -100) < MIN_TRAINABLE_TOKENS:
+            if not _usable(rollout):
                 continue
             correct = answer_is_correct(rollout["messages"][-1]["content"], gold)
             group["tokens"].append(rollout["tokens"])

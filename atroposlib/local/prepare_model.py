@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from atroposlib.local.help_format import DefaultsHelpFormatter
 from atroposlib.local.paths import DEFAULT_MODEL_NAME, models_dir
 from atroposlib.local.runtime import Runtime
 
@@ -84,12 +85,19 @@ def prepare_model(source: Optional[str] = None, out: Optional[Path] = None, forc
     return out
 
 
-def main(argv: Optional[list[str]] = None) -> None:
-    parser = argparse.ArgumentParser(prog="atropos-prepare-model", description=__doc__.split("\n\n")[0])
-    parser.add_argument("source", nargs="?", help="GGUF file, HF folder or hub name (default: bundled SmolLM2).")
-    parser.add_argument("--out", type=Path, help="Where to write the model folder.")
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="atropos-prepare-model", description=__doc__.split("\n\n")[0].replace("``", ""),
+                                     formatter_class=DefaultsHelpFormatter)
+    parser.add_argument("source", nargs="?", help="GGUF file, HF folder or hub name (default: the bundled "
+                                                  "SmolLM2-135M-Instruct GGUF).")
+    parser.add_argument("--out", type=Path, help="Where to write the model folder (default: "
+                                                 "$ATROPOS_HOME/models/<name of the source>).")
     parser.add_argument("--force", action="store_true", help="Prepare again even if the folder is ready.")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    args = build_parser().parse_args(argv)
     try:
         started = time.monotonic()
         folder = prepare_model(args.source, args.out, args.force)

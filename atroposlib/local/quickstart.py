@@ -3,16 +3,23 @@
 1. install the vLLM runtime (once; CPU build without an NVIDIA GPU);
 2. prepare the bundled SmolLM2-135M-Instruct model (once);
 3. write GSM8K-style problems generated offline (reasoning-gym), unless they exist;
-4. start vLLM on the model;
+4. start vLLM on the model, in the dtype this CPU is fast in;
 5. run ``environments/gsm8k_server.py process`` against it: real rollouts, scored, written
-   to JSONL and rendered to HTML;
-6. stop vLLM and print where the files are, a summary and the time of every stage.
+   to JSONL and rendered to HTML, with a bar of generated tokens (tokens/s, ETA);
+6. stop vLLM and print where the files are, a summary (CPU, dtype, tokens/s) and the time
+   of every stage.
+
+The default job (8 groups of 8 rollouts, at most 128 tokens each: 64 sequences generated
+at once) is sized so that the first run, runtime install included, takes a few minutes on
+a 2-core CPU without bf16 instructions. SIGINT, SIGTERM and SIGHUP stop it cleanly: the
+environment process and vLLM's whole process group are stopped before it exits.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -21,11 +28,22 @@ from pathlib import Path
 from statistics import mean
 from typing import Iterator, Optional
 
+from atroposlib.local.cpu import DTYPES, read_cpu
+from atroposlib.local.help_format import DefaultsHelpFormatter
 from atroposlib.local.prepare_model import ModelPreparationError, prepare_model
 from atroposlib.local.runtime import Runtime
+from atroposlib.local.signals import stop_signals_raise
+from atroposlib.local.token_progress import TokenProgress
 from atroposlib.local.vllm_service import LocalVLLM, VLLMStartError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+PROCESS_STAGE = "run the environment (process mode)"
+# process mode's last lines (groups written, groups not written and why) start with this
+PROCESS_REPORT_START = "wrote "
+
+
+class QuickstartError(RuntimeError):
+    """A stage of the quickstart failed; the message says which and where its log is."""
 
 
 class Stages:
@@ -51,70 +69,150 @@ def summarise(jsonl: Path) -> dict[str, float]:
             "percent_correct": sum(s > 0 for s in scores) / len(scores) if scores else 0.0}
 
 
-def run_environment(server: LocalVLLM, env_file: Path, data_dir: Path, out: Path, groups: int,
-                    group_size: int, max_tokens: int) -> None:
-    command = [sys.executable, str(env_file), "process", "--env.total_steps", str(groups),
-               "--env.group_size", str(group_size), "--env.max_token_length", str(max_tokens),
-               "--env.train_file", str(data_dir / "train.jsonl"), "--env.test_file", str(data_dir / "test.jsonl"),
-               "--env.data_path_to_save_groups", str(out), "--env.use_wandb", "false", *server.openai_flags()]
-    subprocess.run(command, check=True)
+def environment_command(server: LocalVLLM, args: argparse.Namespace, data_dir: Path, out: Path) -> list[str]:
+    return [sys.executable, str(args.env_file), "process", "--env.total_steps", str(args.groups),
+            "--env.group_size", str(args.group_size), "--env.max_token_length", str(args.max_tokens),
+            "--env.train_file", str(data_dir / "train.jsonl"), "--env.test_file", str(data_dir / "test.jsonl"),
+            "--env.data_path_to_save_groups", str(out), "--env.use_wandb", "false", *server.openai_flags()]
+
+
+def is_worth_showing(line: str) -> bool:
+    """Log lines shown while the job runs (the rest goes to the process-mode log only)."""
+    return any(level in line for level in (" WARNING ", " ERROR ", " CRITICAL ", "Traceback"))
+
+
+def run_environment(server: LocalVLLM, args: argparse.Namespace, data_dir: Path, out: Path,
+                    log_path: Path) -> TokenProgress:
+    """Run process mode under a bar of generated tokens; its output goes to `log_path`,
+    its warnings also to the screen, and its final report under the bar. Stops it if
+    interrupted."""
+    child_env = {**os.environ, "TQDM_DISABLE": "1", "PYTHONUNBUFFERED": "1"}
+    progress = TokenProgress(server.base_url.removesuffix("/v1"), args.groups * args.group_size, args.max_tokens)
+    report: list[str] = []
+    with open(log_path, "w", encoding="utf-8") as log, progress:
+        child = subprocess.Popen(environment_command(server, args, data_dir, out), stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True, env=child_env)
+        try:
+            assert child.stdout is not None
+            for line in child.stdout:
+                log.write(line)
+                if report or line.startswith(PROCESS_REPORT_START):
+                    report.append(line.rstrip())
+                elif is_worth_showing(line):
+                    progress.write("    " + line.rstrip())
+            code = child.wait()
+        finally:
+            _stop(child)
+    for line in report:
+        print("    " + line)
+    if code != 0:
+        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-30:])
+        raise QuickstartError(f"process mode exited with code {code}; last lines of {log_path}:\n{tail}")
+    return progress
+
+
+def _stop(child: subprocess.Popen[str], grace: float = 20.0) -> None:
+    if child.poll() is None:
+        child.terminate()
+        try:
+            child.wait(grace)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="atropos-quickstart", description=__doc__.split("\n\n")[0].replace("``", ""),
+                                     formatter_class=DefaultsHelpFormatter)
+    parser.add_argument("--groups", type=int, default=8, help="Groups to write.")
+    parser.add_argument("--group-size", type=int, default=8, help="Rollouts per group (one prompt, sampled n times).")
+    parser.add_argument("--max-tokens", type=int, default=128, help="Completion budget per rollout, in tokens.")
+    parser.add_argument("--model", help="Model folder, GGUF file or hub name (default: the bundled SmolLM2).")
+    parser.add_argument("--dtype", choices=DTYPES, default="auto",
+                        help="vLLM's dtype; auto: bfloat16 on CPUs with avx512_bf16 or amx_bf16, float32 on "
+                             "other CPUs, the model's own on a GPU.")
+    parser.add_argument("--env-file", type=Path, default=REPO_ROOT / "environments" / "gsm8k_server.py",
+                        help="Environment to run (GSM8K-style data is written beside its output).")
+    parser.add_argument("--out-dir", type=Path, default=Path("data") / "quickstart",
+                        help="Where the JSONL, HTML, logs and generated problems go.")
+    return parser
 
 
 def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="atropos-quickstart", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--groups", type=int, default=16, help="Groups to write.")
-    parser.add_argument("--group-size", type=int, default=8)
-    parser.add_argument("--max-tokens", type=int, default=256, help="Completion budget per rollout.")
-    parser.add_argument("--model", help="Model folder, GGUF file or hub name (default: bundled SmolLM2).")
-    parser.add_argument("--env-file", type=Path, default=REPO_ROOT / "environments" / "gsm8k_server.py")
-    parser.add_argument("--out-dir", type=Path, default=Path("data") / "quickstart")
-    return parser.parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    for flag in ("groups", "group_size", "max_tokens"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')} must be at least 1")
+    return args
+
+
+def prepare(runtime: Runtime, args: argparse.Namespace, stages: Stages) -> tuple[Path, Path]:
+    """Stages 1-3: the runtime, the model folder and the data folder."""
+    with stages.stage("install the vLLM runtime"):
+        info = runtime.install()
+        print(f"    {runtime.path}: {info.device} build, {info.size_bytes / 1e9:.2f} GB "
+              f"(installed in {info.install_seconds:.0f} s)")
+    with stages.stage("prepare the model"):
+        model_dir = prepare_model(args.model, runtime=runtime)
+        print(f"    {model_dir}")
+    data_dir = args.out_dir / "gsm8k_style"
+    with stages.stage("generate GSM8K-style problems"):
+        if not (data_dir / "train.jsonl").exists():
+            subprocess.run([sys.executable, str(args.env_file.with_name("gsm8k_offline_data.py")), str(data_dir)],
+                           check=True)
+    return model_dir, data_dir
+
+
+def run(args: argparse.Namespace, stages: Stages, out: Path) -> tuple[LocalVLLM, TokenProgress]:
+    runtime = Runtime()
+    model_dir, data_dir = prepare(runtime, args, stages)
+    server = LocalVLLM(model_dir, runtime=runtime, dtype=args.dtype, log_path=out.with_suffix(".vllm.log"))
+    with stages.stage("start vLLM"):
+        print(f"    CPU: {read_cpu().model_name} ({os.cpu_count()} cores); "
+              f"dtype: {server.dtype.dtype} ({server.dtype.reason})")
+        print(f"    vLLM log: {server.log_path}", flush=True)
+        server.start()
+    try:
+        with stages.stage(PROCESS_STAGE):
+            print(f"    process-mode log: {out.with_suffix('.log')}", flush=True)
+            progress = run_environment(server, args, data_dir, out, out.with_suffix(".log"))
+    finally:
+        with stages.stage("stop vLLM"):
+            server.stop()
+    return server, progress
 
 
 def main(argv: Optional[list[str]] = None) -> None:
     args = parse_args(argv)
     if not args.env_file.exists():
         sys.exit(f"error: no environment file at {args.env_file} (pass --env-file)")
-    stages, runtime = Stages(), Runtime()
+    stages = Stages()
     args.out_dir.mkdir(parents=True, exist_ok=True)
     out = args.out_dir / f"gsm8k-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
     try:
-        with stages.stage("install the vLLM runtime"):
-            info = runtime.install()
-            print(f"    {runtime.path}: {info.device} build, {info.size_bytes / 1e9:.2f} GB "
-                  f"(installed in {info.install_seconds:.0f} s)")
-        with stages.stage("prepare the model"):
-            model_dir = prepare_model(args.model, runtime=runtime)
-            print(f"    {model_dir}")
-        data_dir = args.out_dir / "gsm8k_style"
-        with stages.stage("generate GSM8K-style problems"):
-            if not (data_dir / "train.jsonl").exists():
-                subprocess.run([sys.executable, str(args.env_file.with_name("gsm8k_offline_data.py")), str(data_dir)],
-                               check=True)
-        server = LocalVLLM(model_dir, runtime=runtime)
-        with stages.stage("start vLLM"):
-            server.start()
-        try:
-            with stages.stage("run the environment (process mode)"):
-                run_environment(server, args.env_file, data_dir, out, args.groups, args.group_size, args.max_tokens)
-        finally:
-            with stages.stage("stop vLLM"):
-                server.stop()
-    except (ModelPreparationError, VLLMStartError, subprocess.CalledProcessError, FileNotFoundError) as exc:
+        with stop_signals_raise():
+            server, progress = run(args, stages, out)
+    except (QuickstartError, ModelPreparationError, VLLMStartError, subprocess.CalledProcessError,
+            FileNotFoundError) as exc:
         sys.exit(f"error: {exc}")
-    except KeyboardInterrupt:  # a vLLM it started was stopped by the finally block above
-        sys.exit("interrupted")
-    report(out, stages)
+    except KeyboardInterrupt as stop:  # vLLM and the environment were stopped on the way out
+        sys.exit(f"{stop or 'interrupted'}: stopped vLLM and the environment")
+    report(out, stages, server, progress)
 
 
-def report(out: Path, stages: Stages) -> None:
+def report(out: Path, stages: Stages, server: LocalVLLM, progress: TokenProgress) -> None:
     summary = summarise(out)
-    process_seconds = stages.seconds["run the environment (process mode)"]
+    process_seconds = stages.seconds[PROCESS_STAGE]
     print("\nDone.")
     print(f"  rollouts: {out}")
     print(f"  page:     {out.with_suffix('.html')}")
+    print(f"  logs:     {out.with_suffix('.log')} (process mode), {server.log_path} (vLLM)")
     print(f"  {summary['groups']} groups, {summary['rollouts']} rollouts, mean score {summary['mean_score']:+.3f}, "
           f"{summary['percent_correct']:.1%} correct, {summary['groups'] / process_seconds * 60:.1f} groups/min")
+    print(f"  {read_cpu().model_name} ({os.cpu_count()} cores), vLLM dtype {server.dtype.dtype}: "
+          f"{progress.job.generated_tokens:,.0f} tokens generated in {progress.seconds:.0f} s, "
+          f"{progress.tokens_per_second:.1f} tokens/s")
     print("  stage times: " + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in stages.seconds.items()))
 
 

@@ -1,11 +1,14 @@
 """A local vLLM OpenAI-compatible server: start it on a model, wait until it answers, stop it.
 
-    atropos-vllm serve [--model DIR] [--port 9001]
+    atropos-vllm serve [--model DIR] [--port 9001] [--dtype auto]
 
 On CPU machines the launch uses the settings that make vLLM's CPU build start quickly and
 use every core: ``--enforce-eager`` (no graph compilation at each start), a 1 GiB KV
-cache, OpenMP threads bound to all cores, bfloat16 weights. ``VLLM_SERVER_DEV_MODE=1`` is
-set so a trainer can swap in new weights (``/collective_rpc`` ``reload_weights``).
+cache, OpenMP threads bound to all cores, and the dtype the CPU is fast in (bfloat16 only
+with bf16 instructions, else float32: see `atroposlib.local.cpu`).
+``VLLM_SERVER_DEV_MODE=1`` is set so a trainer can swap in new weights (``/collective_rpc``
+``reload_weights``). The server runs in a process group of its own, stopped as a whole on
+`stop`, on SIGINT, SIGTERM or SIGHUP to the wrapper, and (Linux) when the wrapper dies.
 """
 
 from __future__ import annotations
@@ -21,9 +24,12 @@ from typing import Any, Optional
 
 import httpx
 
+from atroposlib.local.cpu import DTYPES, Dtype, DtypeChoice, choose_dtype, read_cpu
+from atroposlib.local.help_format import DefaultsHelpFormatter
 from atroposlib.local.paths import atropos_home
 from atroposlib.local.prepare_model import ModelPreparationError, prepare_model
 from atroposlib.local.runtime import Runtime
+from atroposlib.local.signals import stop_signals_raise
 
 DEFAULT_SERVED_NAME = "smollm2"
 
@@ -40,12 +46,22 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGTERM when the process that started it dies, even by
+    SIGKILL (Linux only; elsewhere `stop` and the signal handlers are the safeguard)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 class LocalVLLM:
     """One vLLM server process; a context manager that always stops it."""
 
     def __init__(self, model_dir: Path, port: Optional[int] = None, served_name: str = DEFAULT_SERVED_NAME,
                  max_model_len: int = 2048, runtime: Optional[Runtime] = None, extra_args: tuple[str, ...] = (),
-                 log_path: Optional[Path] = None) -> None:
+                 log_path: Optional[Path] = None, dtype: Dtype = "auto") -> None:
         self.model_dir = Path(model_dir)
         self.port = port or _free_port()
         self.served_name = served_name
@@ -54,6 +70,9 @@ class LocalVLLM:
         self.extra_args = extra_args
         self.log_path = log_path or atropos_home() / "logs" / f"vllm-{self.port}.log"
         self.process: Optional[subprocess.Popen[bytes]] = None
+        self._stopped = False
+        info = self.runtime.info()
+        self.dtype: DtypeChoice = choose_dtype(read_cpu().flags, dtype, gpu=info is not None and info.device == "gpu")
 
     @property
     def base_url(self) -> str:
@@ -62,7 +81,7 @@ class LocalVLLM:
     def command(self) -> list[str]:
         return [str(self.runtime.python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model_dir),
                 "--served-model-name", self.served_name, "--host", "127.0.0.1", "--port", str(self.port),
-                "--dtype", "bfloat16", "--max-model-len", str(self.max_model_len), "--enforce-eager",
+                "--dtype", self.dtype.dtype, "--max-model-len", str(self.max_model_len), "--enforce-eager",
                 *self.extra_args]
 
     def environment(self) -> dict[str, str]:
@@ -81,10 +100,17 @@ class LocalVLLM:
         if not (self.model_dir / "config.json").exists():
             raise VLLMStartError(f"{self.model_dir} is not a model folder: run `atropos-prepare-model`")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._stopped = False
         log = open(self.log_path, "ab")
-        self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
-                                        env=self.environment(), start_new_session=True)
-        self._wait_healthy(timeout)
+        with log:
+            self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
+                                            env=self.environment(), start_new_session=True,
+                                            preexec_fn=_die_with_parent)
+        try:
+            self._wait_healthy(timeout)
+        except BaseException:  # a failed or interrupted start leaves nothing running
+            self.stop()
+            raise
         return self
 
     def _wait_healthy(self, timeout: float) -> None:
@@ -99,7 +125,6 @@ class LocalVLLM:
             except httpx.HTTPError:
                 pass
             time.sleep(0.5)
-        self.stop()
         raise VLLMStartError(f"vLLM did not answer within {timeout:.0f} s; last log lines:\n{self.log_tail()}")
 
     def log_tail(self, lines: int = 25) -> str:
@@ -108,15 +133,22 @@ class LocalVLLM:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
     def stop(self, grace: float = 20.0) -> None:
-        """SIGTERM the server's process group, then SIGKILL what is left after `grace` seconds."""
-        if self.process is None or self.process.poll() is not None:
+        """SIGTERM the server's process group, then SIGKILL what is left of it after `grace`
+        seconds (or at once, when the group leader has already exited)."""
+        if self.process is None or self._stopped:
             return
-        os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(grace)
-        except subprocess.TimeoutExpired:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(grace)
+            except subprocess.TimeoutExpired:
+                pass
+        try:  # whatever of the group outlived its leader (vLLM's engine process) goes too
             os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+        except ProcessLookupError:
+            pass
+        self.process.wait()
+        self._stopped = True
 
     def reload_weights(self, weights_dir: Path, timeout: float = 300.0) -> float:
         """Swap the served weights for those in `weights_dir` (same architecture) without a
@@ -152,17 +184,21 @@ class LocalVLLM:
 
 def _serve(args: argparse.Namespace) -> None:
     model_dir = prepare_model(args.model)
-    server = LocalVLLM(model_dir, port=args.port, served_name=args.served_name, max_model_len=args.max_model_len)
+    server = LocalVLLM(model_dir, port=args.port, served_name=args.served_name,
+                       max_model_len=args.max_model_len, dtype=args.dtype)
     started = time.monotonic()
-    print(f"starting vLLM on {model_dir} (log: {server.log_path})", flush=True)
-    with server:
-        print(f"vLLM is up at {server.base_url} after {time.monotonic() - started:.1f} s. Point environments at it with:")
-        print("  " + " ".join(server.openai_flags()), flush=True)
-        try:
-            while server.process is not None and server.process.poll() is None:
-                time.sleep(1)
-        except KeyboardInterrupt:
-            print("stopping vLLM")
+    print(f"starting vLLM on {model_dir}\n  dtype: {server.dtype.dtype} ({server.dtype.reason})\n"
+          f"  log:   {server.log_path}", flush=True)
+    try:
+        with server:
+            print(f"vLLM is up at {server.base_url} after {time.monotonic() - started:.1f} s. "
+                  "Point environments at it with:")
+            print("  " + " ".join(server.openai_flags()), flush=True)
+            assert server.process is not None
+            code = server.process.wait()
+            raise VLLMStartError(f"vLLM exited with code {code}; last log lines:\n{server.log_tail()}")
+    except KeyboardInterrupt as stop:
+        print(f"{stop or 'interrupted'}: vLLM stopped", flush=True)
 
 
 def _install(args: argparse.Namespace) -> None:
@@ -172,22 +208,38 @@ def _install(args: argparse.Namespace) -> None:
           f"installed in {info.install_seconds:.0f} s")
 
 
-def main(argv: Optional[list[str]] = None) -> None:
-    parser = argparse.ArgumentParser(prog="atropos-vllm", description="Local vLLM inference for environments.")
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="atropos-vllm", description="Local vLLM inference for environments.",
+                                     formatter_class=DefaultsHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
-    install = commands.add_parser("install", help="Create the vLLM runtime (CPU build without an NVIDIA GPU).")
-    install.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto")
+    install_help = "Create the vLLM runtime (CPU build without an NVIDIA GPU)."
+    install = commands.add_parser("install", help=install_help, description=install_help,
+                                  formatter_class=DefaultsHelpFormatter)
+    install.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto",
+                         help="Build to install; auto: gpu when nvidia-smi lists a GPU, else cpu.")
     install.add_argument("--path", type=Path, help="Runtime folder (default: $ATROPOS_HOME/vllm-runtime).")
-    serve = commands.add_parser("serve", help="Serve a model and print the --openai.* flags to use.")
-    serve.add_argument("--model", help="Model folder, GGUF file or hub name (default: bundled SmolLM2).")
-    serve.add_argument("--port", type=int, default=9001)
-    serve.add_argument("--served-name", default=DEFAULT_SERVED_NAME)
-    serve.add_argument("--max-model-len", type=int, default=2048)
-    args = parser.parse_args(argv)
+    serve_help = "Serve a model and print the --openai.* flags to use; stops on Ctrl-C, SIGTERM or SIGHUP."
+    serve = commands.add_parser("serve", help=serve_help, description=serve_help,
+                                formatter_class=DefaultsHelpFormatter)
+    serve.add_argument("--model", help="Model folder, GGUF file or hub name (default: the bundled SmolLM2).")
+    serve.add_argument("--port", type=int, default=9001, help="Port on 127.0.0.1.")
+    serve.add_argument("--served-name", default=DEFAULT_SERVED_NAME, help="Model name clients ask for.")
+    serve.add_argument("--max-model-len", type=int, default=2048, help="Longest prompt + completion, in tokens.")
+    serve.add_argument("--dtype", choices=DTYPES, default="auto",
+                       help="Weights and compute dtype; auto: bfloat16 on CPUs with avx512_bf16 or amx_bf16, "
+                            "float32 on other CPUs, the model's own on a GPU.")
+    return parser
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    args = build_parser().parse_args(argv)
     try:
-        (_install if args.command == "install" else _serve)(args)
+        with stop_signals_raise():
+            (_install if args.command == "install" else _serve)(args)
     except (VLLMStartError, ModelPreparationError, subprocess.CalledProcessError, FileNotFoundError) as exc:
         sys.exit(f"error: {exc}")
+    except KeyboardInterrupt as stop:
+        sys.exit(f"{stop or 'interrupted'}")
 
 
 if __name__ == "__main__":

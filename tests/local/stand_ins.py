@@ -1,0 +1,104 @@
+"""Stand-ins for the vLLM runtime and an environment, for tests of the local tools' process
+handling that do not need the real engine.
+
+`stand_in_runtime` makes a runtime folder whose ``bin/python`` runs this file as a fake
+vLLM server: it answers ``/health`` and ``/metrics`` (generation counters that grow on
+every read) on the ``--port`` it is given, starts a child process of its own (as vLLM starts
+its engine), and appends both process ids to ``$STAND_IN_PIDS``; with
+``$STAND_IN_UNHEALTHY`` set, ``/health`` answers 503 for ever (a start that never ends).
+`stand_in_environment` writes an environment file that records its pid, writes the groups
+asked for and prints process mode's report, or sleeps when ``$STAND_IN_ENV_SLEEPS`` is set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from atroposlib.local.runtime import MARKER, Runtime
+
+ENVIRONMENT = '''
+import json, os, sys, time
+from pathlib import Path
+
+with open(os.environ["STAND_IN_PIDS"], "a") as pids:
+    pids.write(f"{os.getpid()}\\n")
+if os.environ.get("STAND_IN_ENV_SLEEPS"):
+    time.sleep(600)
+flags = dict(zip(sys.argv[2::2], sys.argv[3::2]))
+out = Path(flags["--env.data_path_to_save_groups"])
+size = int(flags["--env.group_size"])
+groups = [{"tokens": [[1, 2]] * size, "scores": [1.0] + [-1.0] * (size - 1)} for _ in range(int(flags["--env.total_steps"]))]
+out.write_text("".join(json.dumps(group) + "\\n" for group in groups))
+print("config dump that the quickstart keeps in the log only")
+print(f"wrote {len(groups)} groups to {out}")
+print("1 generated group was not written:")
+'''
+
+
+def stand_in_runtime(folder: Path) -> Runtime:
+    runtime = Runtime(folder / "runtime")
+    runtime.python.parent.mkdir(parents=True)
+    runtime.python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{Path(__file__).resolve()}" "$@"\n')
+    runtime.python.chmod(0o755)
+    (runtime.path / MARKER).write_text(json.dumps({"device": "cpu", "packages": [], "install_seconds": 0.0,
+                                                   "size_bytes": 0}))
+    return runtime
+
+
+def stand_in_environment(folder: Path) -> Path:
+    path = folder / "stand_in_env.py"
+    path.write_text(ENVIRONMENT)
+    return path
+
+
+def model_folder(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text("{}")
+    return folder
+
+
+def running(pid: int) -> bool:
+    """Whether `pid` is a live process (zombies waiting to be reaped count as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+class _Handler(BaseHTTPRequestHandler):
+    reads = 0
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+        if self.path == "/metrics":
+            _Handler.reads += 1
+            body = (f'vllm:generation_tokens_total{{engine="0"}} {100.0 * _Handler.reads}\n'
+                    f'vllm:request_generation_tokens_count{{engine="0"}} {2.0 * _Handler.reads}\n'
+                    f'vllm:request_generation_tokens_sum{{engine="0"}} {100.0 * _Handler.reads}\n').encode()
+        else:
+            body = b""
+        self.send_response(503 if self.path == "/health" and os.environ.get("STAND_IN_UNHEALTHY") else 200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def _serve_as_vllm(argv: list[str]) -> None:
+    port = int(argv[argv.index("--port") + 1])
+    engine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    with open(os.environ["STAND_IN_PIDS"], "a") as pids:
+        pids.write(f"{os.getpid()}\n{engine.pid}\n")
+    print("stand-in vLLM:", " ".join(argv), flush=True)
+    ThreadingHTTPServer(("127.0.0.1", port), _Handler).serve_forever()
+
+
+if __name__ == "__main__":
+    _serve_as_vllm(sys.argv[1:])
