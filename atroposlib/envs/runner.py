@@ -116,7 +116,7 @@ def main(env_cls: Any, argv: Optional[Sequence[str]] = None) -> None:
     else:
         raise RuntimeError("cli() must be called outside a running event loop (it calls asyncio.run)")
     prog = Path(sys.argv[0]).name
-    if threading.current_thread() is threading.main_thread():
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN:
         # SIGTERM stops like Ctrl-C: tasks are cancelled and files closed (serve mode
         # installs its own handlers while it runs).
         signal.signal(signal.SIGTERM, _interrupt)

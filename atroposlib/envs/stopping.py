@@ -41,7 +41,9 @@ class StopRequest:
             yield self
             return
         self._loop = asyncio.get_running_loop()
-        previous = {signum: signal.signal(signum, self._on_signal) for signum in SIGNALS}
+        # A signal ignored by whoever started us (nohup, `cmd &` in a script) stays ignored.
+        previous = {signum: signal.signal(signum, self._on_signal)
+                    for signum in SIGNALS if signal.getsignal(signum) is not signal.SIG_IGN}
         try:
             yield self
         finally:

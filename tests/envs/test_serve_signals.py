@@ -27,13 +27,18 @@ STARTUP_S = 120  # importing torch through transformers is slow on a busy 2-core
 PROMPT_EXIT_S = 20
 
 
+def _as_in_a_terminal() -> None:
+    """Ctrl-C reaches the child even when the tests run as a background job (which ignores SIGINT)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class EnvProcess:
     """A `serve` env process with its log; always stopped at the end."""
 
     def __init__(self, command: list[str], log_path: Path) -> None:
         self.log_path = log_path
         self.process = subprocess.Popen(command, cwd=log_path.parent, stdout=open(log_path, "ab"),
-                                        stderr=subprocess.STDOUT)
+                                        stderr=subprocess.STDOUT, preexec_fn=_as_in_a_terminal)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
