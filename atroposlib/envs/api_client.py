@@ -159,6 +159,10 @@ class TrajectoryApiClient:
             self.spool.append(endpoint, raw)
             log.warning("the API is unreachable (%s); submission spooled to %s", exc, self.spool.folder)
             return False
+        except asyncio.CancelledError:
+            # Stopping mid-delivery: keep it for the next start (the API stores a submission id once).
+            self.spool.append(endpoint, raw)
+            raise
 
     async def resend_spooled(self) -> int:
         """Re-send spooled payloads in order until one fails; returns how many went out."""

@@ -284,11 +284,16 @@ async def main_loop(env: Any, report: ServeReport) -> None:
         await asyncio.sleep(LOOP_INTERVAL_S)
 
 
+def _grace_s(env: Any) -> float:
+    """How long an orderly end of the run waits for rollouts in flight."""
+    return env.config.worker_timeout if env.config.worker_timeout > 0 else 60
+
+
 async def _finish_rollouts(env: Any, stop: StopRequest) -> None:
     """Give rollouts in flight their grace (short after a signal, none after a second)."""
     if env.eval_runner is not None and not env.eval_runner.done():
         env.eval_runner.cancel()
-    grace = env.config.worker_timeout if env.config.worker_timeout > 0 else 60
+    grace = _grace_s(env)
     if stop.orderly.is_set():
         grace = min(grace, SIGNAL_GRACE_S)
     in_flight = set(env.workers)
@@ -312,7 +317,7 @@ async def _drain_spool(env: Any, stop: StopRequest) -> None:
     elif stop.orderly.is_set():
         deadline = SIGNAL_SPOOL_DRAIN_S
     else:
-        deadline = min(env.config.worker_timeout if env.config.worker_timeout > 0 else 60, 60)
+        deadline = min(_grace_s(env), 60)
     if deadline:
         await stop.unless(stop.next_level(), env.api.drain_spool(deadline_s=deadline))
     if len(env.api.spool):

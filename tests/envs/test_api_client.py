@@ -58,3 +58,26 @@ def test_bodies_are_gzipped_only_when_it_helps() -> None:
     assert "Content-Encoding" not in headers and small == b'{"a":1}'
     large, headers = encode_body(group(8, length=200))
     assert headers["Content-Encoding"] == "gzip" and large[:2] == b"\x1f\x8b"
+
+
+class Hanging(httpx.AsyncBaseTransport):
+    """An API that never answers (a stuck host)."""
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        await asyncio.sleep(3600)
+        raise AssertionError("unreachable")
+
+
+def test_a_delivery_cancelled_by_a_stop_is_spooled(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        client = TrajectoryApiClient("http://api", tmp_path / "spool")
+        client.http = httpx.AsyncClient(transport=Hanging(), base_url="http://api")
+        sending = asyncio.create_task(client.submit("/scored_data", group(4, submission_id="s")))
+        await asyncio.sleep(0.1)
+        sending.cancel()
+        await asyncio.gather(sending, return_exceptions=True)
+        await client.close()
+
+    asyncio.run(scenario())
+    ((_, endpoint, body),) = TrajectoryApiClient("http://api", tmp_path / "spool").spool.pending()
+    assert endpoint == "/scored_data" and json.loads(body)["submission_id"] == "s"
