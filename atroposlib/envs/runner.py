@@ -14,6 +14,7 @@ from typing import Any, Optional, Sequence
 import yaml
 
 from atroposlib.envs.cli import ConfigError, RunSettings, describe, resolve_settings
+from atroposlib.envs.serve_mode import ServeSetupError
 from atroposlib.envs.tokenizer_loading import TokenizerUnavailable
 
 log = logging.getLogger("atroposlib.envs")
@@ -122,6 +123,9 @@ def main(env_cls: Any, argv: Optional[Sequence[str]] = None) -> None:
         signal.signal(signal.SIGTERM, _interrupt)
     try:
         _build_and_run(env_cls, sys.argv[1:] if argv is None else argv, prog)
+    except ServeSetupError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         raise SystemExit(130) from None

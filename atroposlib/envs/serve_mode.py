@@ -39,6 +39,10 @@ SIGNAL_GRACE_S = 30.0
 SIGNAL_SPOOL_DRAIN_S = 5.0
 
 
+class ServeSetupError(ValueError):
+    """This env's settings do not fit the trainer that registered."""
+
+
 def env_key(env: Any) -> str:
     """A stable identity for re-registration: name, host and a hash of the config."""
     digest = hashlib.sha1(env.config.model_dump_json(exclude={"total_steps"}).encode()).hexdigest()[:12]
@@ -101,7 +105,8 @@ async def start(env: Any) -> None:
     env.checkpoint_interval = registration.get("checkpoint_interval") or -1
     if config.total_steps == -1:
         if registration.get("num_steps", -1) == -1:
-            raise ValueError("total_steps is -1 and the trainer registered no num_steps")
+            raise ServeSetupError("--env.total_steps is -1 and the trainer registered no num_steps; "
+                                  "pass --env.total_steps")
         config.total_steps = registration["num_steps"]
     if env.curr_step > 0:
         env.load_checkpoint()
@@ -110,7 +115,8 @@ async def start(env: Any) -> None:
     if info.get("max_token_len", -1) != -1:
         env.max_token_len = info["max_token_len"]
     if config.group_size > config.batch_size:
-        raise ValueError(f"group_size {config.group_size} exceeds the trainer's batch size {config.batch_size}")
+        raise ServeSetupError(f"--env.group_size {config.group_size} exceeds the trainer's batch size "
+                              f"{config.batch_size}; a group must fit in one batch")
     if len(env.api.spool):
         log.info("re-sending %d spooled submissions", len(env.api.spool))
         await env.api.resend_spooled()

@@ -209,3 +209,15 @@ def test_serve_logs_progress_and_a_summary_when_it_reaches_total_steps(
     summary = re.search(r"serve stopped \(total_steps 3 reached, counting the groups queued at the API\) "
                         r"after \S+: step \d/3, (\d+) groups sent \((\d+) rollouts\)", output)
     assert summary and int(summary.group(1)) >= 3 and int(summary.group(2)) == 4 * int(summary.group(1)), output[-3000:]
+
+
+def test_serve_refuses_groups_larger_than_the_batch_in_one_line(tokenizer_dir: Path, tmp_path: Path) -> None:
+    with ApiProcess(None, "--ephemeral") as api:
+        httpx.post(api.url + "/register", json=registration(8)).raise_for_status()
+        httpx.get(api.url + "/batch")
+        flags = common_flags(tokenizer_dir, "http://127.0.0.1:9/v1", tmp_path) + [
+            "--env.rollout_server_url", api.url, "--env.group_size", "16"]
+        result = subprocess.run(env_command("serve", *flags), cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert "--env.group_size 16 exceeds the trainer's batch size 8" in result.stderr
+    assert "serve stopped (failed: ServeSetupError" in result.stderr
