@@ -18,8 +18,8 @@ FIX_HINT = ("pass --env.tokenizer_name a local folder holding the tokenizer (tok
             "with HF_HUB_OFFLINE=1 only the cache is used")
 
 
-class TokenizerUnavailable(RuntimeError):
-    """The tokenizer named in the config cannot be loaded."""
+class TokenizerUnavailable(OSError):
+    """The tokenizer named in the config cannot be loaded (an OSError, as transformers raises)."""
 
 
 def _first_line(exc: BaseException) -> str:
