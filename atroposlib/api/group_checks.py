@@ -68,10 +68,11 @@ def _sequence_problems(group: ScoredData) -> list[Problem]:
         if not tokens:
             empty.append(i)
             continue
-        position = _token_out_of_range(tokens)
-        if position is not None:
-            bad_ids.append((i, position, tokens[position]))
-        position = _wrong_label(tokens, mask)
+        ids = _packed_ids(tokens)
+        if ids is None or np.frombuffer(ids, dtype=np.uint32).max() >= TOKEN_ID_LIMIT:
+            j = next(j for j, token in enumerate(tokens) if not 0 <= token < TOKEN_ID_LIMIT)
+            bad_ids.append((i, j, tokens[j]))
+        position = _wrong_label(tokens, mask, ids)
         if position is not None:
             bad_labels.append((i, position, mask[position], tokens[position]))
     problems = []
@@ -96,24 +97,38 @@ def _more(found: Sequence[Any]) -> str:
     return f" (and {len(found) - 1} more sequences)" if len(found) > 1 else ""
 
 
-def _token_out_of_range(tokens: list[int]) -> Optional[int]:
-    """Index of the first token id outside ``[0, TOKEN_ID_LIMIT)``, or None."""
+def _packed_ids(values: list[int]) -> Optional[array]:
+    """`values` packed as uint32, or None when one is negative or past 2**32.
+
+    Packing runs in C (signed typecodes take a much slower path) and packed arrays
+    compare with memcmp, which is what makes these checks cheap next to parsing.
+    """
     try:
-        # Packing into uint32 runs in C (signed typecodes take a slow path) and refuses
-        # negative ids and ids past 2**32; numpy checks the rest of the range.
-        if np.frombuffer(array("I", tokens), dtype=np.uint32).max() < TOKEN_ID_LIMIT:
-            return None
+        return array("I", values)
     except OverflowError:
-        pass
-    return next(j for j, token in enumerate(tokens) if not 0 <= token < TOKEN_ID_LIMIT)
-
-
-def _wrong_label(tokens: list[int], mask: list[int]) -> Optional[int]:
-    """Index of the first mask label that is neither -100 nor its token, or None."""
-    masked = mask.count(MASKED)
-    # The usual shape, a masked prompt then the completion's own ids, compared in C.
-    if mask[masked:] == tokens[masked:] and mask[:masked].count(MASKED) == masked:
         return None
+
+
+def _masked_prefix(mask: list[int]) -> int:
+    """Length of the leading run of -100 labels, assuming the usual shape (a masked
+    prompt, then the completion); the caller verifies the assumption."""
+    low, high = 0, len(mask)
+    while low < high:
+        middle = (low + high) // 2
+        if mask[middle] == MASKED:
+            low = middle + 1
+        else:
+            high = middle
+    return low
+
+
+def _wrong_label(tokens: list[int], mask: list[int], ids: Optional[array]) -> Optional[int]:
+    """Index of the first mask label that is neither -100 nor its token, or None."""
+    masked = _masked_prefix(mask)
+    if ids is not None and mask[:masked].count(MASKED) == masked:
+        completion = _packed_ids(mask[masked:])
+        if completion is not None and completion == ids[masked:]:
+            return None
     return next(
         (j for j, (label, token) in enumerate(zip(mask, tokens)) if label != MASKED and label != token),
         None,
