@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validat
 # float comparison of the bounds) agrees on their value, and SQLite's 64 bits hold them.
 JSON_SAFE_INT = 2**53 - 1
 SafeInt = Annotated[int, Field(ge=-JSON_SAFE_INT, le=JSON_SAFE_INT)]
-# Largest token id `--validation` accepts (exclusive): the int32 range trainers index embeddings with.
+# Token ids `--validation` accepts are below this: the int32 range trainers index embeddings with.
 TOKEN_ID_LIMIT = 2**31
 
 ITEM_KEYS: tuple[str, ...] = (
@@ -49,7 +49,8 @@ PER_SEQUENCE_AUX_KEYS: tuple[str, ...] = (
 )
 
 # Strict types: no strings or booleans where numbers are expected (``{"env_id": false}``).
-# Whole-number floats (``2.0``) are integers in JSON Schema; `atroposlib.api.parsing` accepts them.
+# Whole-number floats (``2.0``) are integers in JSON Schema; `atroposlib.api.validation.parse_json`
+# accepts them.
 _WIRE_CONFIG = ConfigDict(extra="ignore", allow_inf_nan=False, strict=True)
 
 # The documented shape of `ScoredData.messages`: every message carries `role` and `content`.

@@ -27,7 +27,8 @@ def served_item(stored: bytes) -> bytes:
     """The canonical item JSON of a stored submission."""
     if stored[:2] == _GZIP_MAGIC:
         stored = gzip.decompress(stored)
-    return item_json(ScoredData.model_validate_json(stored))
+    # Lax: it passed validation when it was stored (whole-number floats included).
+    return item_json(ScoredData.model_validate_json(stored, strict=False))
 
 
 def served_items(stored: list[bytes]) -> list[bytes]:

@@ -160,4 +160,6 @@ def test_whole_number_floats_are_integers(client: TestClient) -> None:
     assert client.get("/info").json() == {"batch_size": 8, "max_token_len": 2048}
     accepted = client.post("/scored_data", content=b'{"tokens": [[1.0, 2.0]], "masks": [[-100, 2.0]], "scores": [1]}')
     assert accepted.json() == {"status": "received"}
+    served = client.get("/latest_example").json()
+    assert served["tokens"] == [[1, 2]] and isinstance(served["tokens"][0][0], int)
     assert client.post("/scored_data", content=b'{"tokens": [[1.5, 2]], "masks": [[-100, 2]], "scores": [1]}').status_code == 422
