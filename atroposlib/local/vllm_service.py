@@ -4,8 +4,8 @@
 
 On CPU machines the launch uses the settings that make vLLM's CPU build start quickly and
 use every core: ``--enforce-eager`` (no graph compilation at each start), a 1 GiB KV
-cache, OpenMP threads bound to all cores, and the dtype the CPU is fast in (bfloat16 only
-with bf16 instructions, else float32: see `atroposlib.local.cpu`).
+cache (2 GiB in float32), OpenMP threads bound to all cores, and the dtype the CPU is fast
+in (bfloat16 only with bf16 instructions, else float32: see `atroposlib.local.cpu`).
 ``VLLM_SERVER_DEV_MODE=1`` is set so a trainer can swap in new weights (``/collective_rpc``
 ``reload_weights``). The server runs in a process group of its own, stopped as a whole on
 `stop`, on SIGINT, SIGTERM or SIGHUP to the wrapper, and (Linux) when the wrapper dies.
@@ -18,6 +18,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -47,8 +48,9 @@ def _free_port() -> int:
 
 
 def _die_with_parent() -> None:
-    """In the child before exec: get SIGTERM when the process that started it dies, even by
-    SIGKILL (Linux only; elsewhere `stop` and the signal handlers are the safeguard)."""
+    """In the child before exec: get SIGTERM when the thread that started it ends, which for
+    the main thread means when the process dies, even by SIGKILL (Linux only; elsewhere
+    `stop` and the signal handlers are the safeguard)."""
     if sys.platform.startswith("linux"):
         import ctypes
 
@@ -57,7 +59,11 @@ def _die_with_parent() -> None:
 
 
 class LocalVLLM:
-    """One vLLM server process; a context manager that always stops it."""
+    """One vLLM server process; a context manager that always stops it.
+
+    ``dtype="auto"`` picks the dtype from the CPU (or leaves it to vLLM on a GPU); the
+    choice and the reason for it are in `self.dtype`.
+    """
 
     def __init__(self, model_dir: Path, port: Optional[int] = None, served_name: str = DEFAULT_SERVED_NAME,
                  max_model_len: int = 2048, runtime: Optional[Runtime] = None, extra_args: tuple[str, ...] = (),
@@ -90,7 +96,9 @@ class LocalVLLM:
         info = self.runtime.info()
         if info is None or info.device == "cpu":
             cores = os.cpu_count() or 1
-            env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+            # float32 halves the tokens a GiB of KV cache holds: 2 GiB keep the default job's
+            # 64 sequences in memory at once
+            env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2" if self.dtype.dtype == "float32" else "1")
             env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{cores - 1}")
         return env
 
@@ -101,11 +109,13 @@ class LocalVLLM:
             raise VLLMStartError(f"{self.model_dir} is not a model folder: run `atropos-prepare-model`")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._stopped = False
+        # started from another thread, the server would die when that thread ends
+        in_main_thread = threading.current_thread() is threading.main_thread()
         log = open(self.log_path, "ab")
         with log:
             self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
                                             env=self.environment(), start_new_session=True,
-                                            preexec_fn=_die_with_parent)
+                                            preexec_fn=_die_with_parent if in_main_thread else None)
         try:
             self._wait_healthy(timeout)
         except BaseException:  # a failed or interrupted start leaves nothing running

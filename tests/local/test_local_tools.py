@@ -47,7 +47,8 @@ def test_launch_command_uses_fast_cpu_settings(tmp_path: Path) -> None:
     assert "--enforce-eager" in command and command[command.index("--port") + 1] == "9123"
     assert command[command.index("--host") + 1] == "127.0.0.1"
     environment = server.environment()
-    assert environment["VLLM_CPU_KVCACHE_SPACE"] == "1" and environment["VLLM_CPU_OMP_THREADS_BIND"].startswith("0-")
+    assert environment["VLLM_CPU_KVCACHE_SPACE"] == ("2" if server.dtype.dtype == "float32" else "1")
+    assert environment["VLLM_CPU_OMP_THREADS_BIND"].startswith("0-")
     flags = server.openai_flags()
     assert flags[flags.index("--openai.server_type") + 1] == "vllm"
     assert flags[flags.index("--openai.base_url") + 1] == "http://127.0.0.1:9123/v1"

@@ -140,3 +140,36 @@ def test_new_weights_are_served_without_a_restart(real_vllm: LocalVLLM, tmp_path
     finally:
         real_vllm.reload_weights(real_vllm.model_dir)
     assert _prompt_logprobs(real_vllm, ids) == pytest.approx(before, abs=1e-3)
+
+
+def _process_group_members(pgid: int) -> list[int]:
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            members.append(int(stat.parent.name))
+    return members
+
+
+def test_sigterm_to_the_real_wrapper_stops_every_vllm_process(real_model_dir: Path, tmp_path: Path) -> None:
+    port = LocalVLLM(real_model_dir).port
+    command = [sys.executable, "-m", "atroposlib.local.vllm_service", "serve", "--model", str(real_model_dir),
+               "--port", str(port)]
+    wrapper = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert wrapper.stdout is not None
+        lines = [wrapper.stdout.readline() for _ in range(4)]
+        assert lines[1].strip().startswith("dtype: ") and "vLLM is up at" in lines[3], lines
+        children = Path(f"/proc/{wrapper.pid}/task/{wrapper.pid}/children").read_text().split()
+        vllm_group = int(children[0])  # vLLM leads a process group of its own
+        assert len(_process_group_members(vllm_group)) >= 2  # the API server and its engine
+        wrapper.send_signal(signal.SIGTERM)
+        output, _ = wrapper.communicate(timeout=120)
+    finally:
+        if wrapper.poll() is None:
+            wrapper.kill()
+    assert wrapper.returncode == 0 and "stopped by SIGTERM: vLLM stopped" in output, output
+    assert _process_group_members(vllm_group) == []
