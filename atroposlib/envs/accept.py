@@ -46,9 +46,10 @@ def trainable_lengths(group: dict[str, Any]) -> list[int]:
     return [sum(1 for label in mask if label != -100) for mask in group.get("masks") or []]
 
 
+SAME_SCORES_REMEDY = "--env.ensure_scores_are_not_same false keeps groups whose scores are all equal"
 # What each drop reason means for the person running the env, and how to change it.
 DROP_EXPLANATIONS = {
-    "same_scores": "all scores in the group were equal; --env.ensure_scores_are_not_same false keeps such groups",
+    "same_scores": f"all scores in the group were equal; {SAME_SCORES_REMEDY}",
     "too_long": "a sequence reached the trainer's max_token_len; shorten generations (--env.max_token_length)",
     "wrong_group_size": "the group did not hold group_size rollouts",
     "timed_out": "its rollouts exceeded --env.worker_timeout on every attempt",

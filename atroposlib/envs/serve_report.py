@@ -11,6 +11,8 @@ import logging
 import time
 from typing import Any, Optional
 
+from atroposlib.envs.accept import SAME_SCORES_REMEDY
+
 log = logging.getLogger("atroposlib.envs")
 
 WAIT_MESSAGE_INTERVAL_S = 30.0
@@ -76,5 +78,6 @@ class ServeReport:
 
     def summary(self, env: Any, outcome: str) -> str:
         """The final line: why serve mode stopped and what it did."""
-        return (f"serve stopped ({outcome}) after {duration(time.monotonic() - self.started)}: "
+        line = (f"serve stopped ({outcome}) after {duration(time.monotonic() - self.started)}: "
                 f"step {env.curr_step}/{env.config.total_steps}, {self._counts(env)}")
+        return line + (f"; {SAME_SCORES_REMEDY}" if env.skipped.get("same_scores") else "")

@@ -221,3 +221,28 @@ def test_serve_refuses_groups_larger_than_the_batch_in_one_line(tokenizer_dir: P
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert "--env.group_size 16 exceeds the trainer's batch size 8" in result.stderr
     assert "serve stopped (failed: ServeSetupError" in result.stderr
+
+
+def test_serve_says_why_it_drops_equal_score_groups(tokenizer_dir: Path, inference_url: str, tmp_path: Path) -> None:
+    with ApiProcess(None, "--ephemeral") as api:
+        httpx.post(api.url + "/register", json=registration(8)).raise_for_status()
+        httpx.get(api.url + "/batch")
+        flags = common_flags(tokenizer_dir, inference_url, tmp_path) + [
+            "--env.rollout_server_url", api.url, "--env.group_size", "1", "--env.progress_log_interval", "0.5"]
+        log_path = tmp_path / "env.log"
+        env = subprocess.Popen(env_command("serve", *flags), cwd=tmp_path, stdout=open(log_path, "ab"),
+                               stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 120
+            while "dropped (same_scores" not in log_path.read_text() and time.monotonic() < deadline:
+                assert env.poll() is None, log_path.read_text()[-3000:]
+                time.sleep(0.3)
+        finally:
+            env.send_signal(signal.SIGTERM)
+            assert env.wait(60) == 0, log_path.read_text()[-3000:]
+    log = log_path.read_text()
+    warnings = [line for line in log.splitlines() if "dropping groups: same_scores" in line]
+    assert len(warnings) == 1 and "--env.ensure_scores_are_not_same false" in warnings[0]
+    summary = next(line for line in log.splitlines() if "serve stopped (SIGTERM received)" in line)
+    assert re.search(r"0 groups sent \(0 rollouts\), (\d+) dropped \(same_scores \1\)", summary), summary
+    assert summary.endswith("--env.ensure_scores_are_not_same false keeps groups whose scores are all equal")

@@ -30,3 +30,4 @@ def test_summary_counts_groups_rollouts_and_drops() -> None:
     line = ServeReport(30).summary(env, "SIGINT received")
     assert line.startswith("serve stopped (SIGINT received) after 0s: step 3/10")
     assert "12 groups sent (48 rollouts), 6 dropped (same_scores 5, too_long 1)" in line
+    assert line.endswith("--env.ensure_scores_are_not_same false keeps groups whose scores are all equal")
