@@ -48,7 +48,7 @@ class StopRequest:
             yield self
         finally:
             for signum, handler in previous.items():
-                signal.signal(signum, handler)
+                signal.signal(signum, signal.SIG_DFL if handler is None else handler)
 
     def _on_signal(self, signum: int, frame: Optional[FrameType]) -> None:
         self._received += 1
