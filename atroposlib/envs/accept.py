@@ -53,6 +53,8 @@ DROP_EXPLANATIONS = {
     "too_long": "a sequence reached the trainer's max_token_len; shorten generations (--env.max_token_length)",
     "wrong_group_size": "the group did not hold group_size rollouts",
     "timed_out": "its rollouts exceeded --env.worker_timeout on every attempt",
+    "no_group": "the environment returned no group (its own filter, e.g. all scores equal or all rollouts unusable)",
+    "error": "generating or scoring raised an error (logged above)",
 }
 
 

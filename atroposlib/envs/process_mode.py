@@ -15,6 +15,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from atroposlib.envs.accept import DROP_EXPLANATIONS
 from atroposlib.envs.wandb_logging import run_name
 from atroposlib.frontend.jsonl2html import generate_html
 
@@ -134,15 +135,6 @@ async def process(env: Any) -> None:
     _report_rejections(env.skipped)
 
 
-REJECTION_REASONS = {
-    "no_group": "the environment returned no group (its own filter, e.g. all scores equal or all rollouts unusable)",
-    "error": "generating or scoring raised an error (logged above)",
-    "wrong_group_size": "fewer rollouts than group_size (the environment dropped some)",
-    "same_scores": "all scores equal (--env.ensure_scores_are_not_same false keeps them)",
-    "too_long": "a sequence reached max_token_length",
-}
-
-
 def _report_rejections(skipped: dict[str, int]) -> None:
     """Say how many generated groups were not written, and why, one line per reason."""
     if not skipped:
@@ -150,7 +142,7 @@ def _report_rejections(skipped: dict[str, int]) -> None:
     total = sum(skipped.values())
     print(f"{total} generated group{'s were' if total > 1 else ' was'} not written:")
     for reason, count in sorted(skipped.items(), key=lambda entry: -entry[1]):
-        print(f"  {count} {reason}: {REJECTION_REASONS.get(reason, 'dropped by the checks')}")
+        print(f"  {count} {reason}: {DROP_EXPLANATIONS.get(reason, 'dropped by the checks')}")
 
 
 def _render(path: str) -> None:
