@@ -95,7 +95,8 @@ def openapi_for(app: FastAPI, settings: ApiSettings) -> dict[str, Any]:
         schema["components"]["securitySchemes"] = {SECURITY_SCHEME: {"type": "http", "scheme": "bearer"}}
     for path, operations in schema["paths"].items():
         for method, operation in operations.items():
-            added: list[int] = [503]
+            # Any request may carry a body, which the middleware caps and gunzips.
+            added: list[int] = [400, 413, 503]
             if protected and (method, path) not in PUBLIC_OPERATIONS and not (
                 settings.metrics_public and path == "/metrics"
             ):

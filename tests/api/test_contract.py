@@ -33,6 +33,8 @@ def test_every_status_code_the_server_returns_is_documented(client: TestClient) 
     assert {"404", "410"} <= codes(schema, "post", "/batch/{batch_id}/ack")
     assert {"404", "409"} <= codes(schema, "post", "/batch/{batch_id}/nack")
     assert "422" in codes(schema, "get", "/batches/served")
+    assert {"400", "413"} <= codes(schema, "get", "/info")  # any request may carry a (gzip) body
+    assert client.request("GET", "/info", content=b"junk", headers={"Content-Encoding": "gzip"}).status_code == 400
     assert "401" not in codes(schema, "post", "/scored_data") and "415" not in codes(schema, "post", "/scored_data")
     error = schema["paths"]["/heartbeat-env"]["post"]["responses"]["404"]["content"]["application/json"]["schema"]
     assert error == {"$ref": "#/components/schemas/ErrorResponse"}
