@@ -16,8 +16,11 @@ import json
 import os
 import subprocess
 import sys
+import time
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Callable, Iterator
 
 from atroposlib.local.runtime import MARKER, Runtime
 
@@ -69,6 +72,40 @@ def running(pid: int) -> bool:
     except (FileNotFoundError, ProcessLookupError, IndexError):
         return False
     return state not in ("Z", "X")
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def recorded_pids(path: Path, count: int, timeout: float = 120.0) -> list[int]:
+    """The process ids the stand-ins wrote to `path`, once there are `count` of them."""
+    wait_until(lambda: path.exists() and len(path.read_text().split()) >= count, timeout)
+    return [int(pid) for pid in path.read_text().split()]
+
+
+def all_gone(pids: list[int], timeout: float = 10.0) -> None:
+    wait_until(lambda: not any(running(pid) for pid in pids), timeout)
+
+
+@contextmanager
+def killed_at_exit(process: subprocess.Popen[str]) -> Iterator[subprocess.Popen[str]]:
+    """The process, killed when the block ends if it still runs (a failed test leaves nothing)."""
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def signal_and_read(process: subprocess.Popen[str], signum: int, timeout: float = 60.0) -> str:
+    """Send `signum`, wait for the process to exit and return all it printed."""
+    process.send_signal(signum)
+    return process.communicate(timeout=timeout)[0]
 
 
 class _Handler(BaseHTTPRequestHandler):

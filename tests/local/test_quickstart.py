@@ -8,10 +8,18 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from tests.local.stand_ins import model_folder, running, stand_in_environment, stand_in_runtime
+from tests.local.stand_ins import (
+    all_gone,
+    killed_at_exit,
+    model_folder,
+    recorded_pids,
+    running,
+    signal_and_read,
+    stand_in_environment,
+    stand_in_runtime,
+)
 
 
 def _quickstart(tmp_path: Path, **environ: str) -> subprocess.Popen[str]:
@@ -47,21 +55,9 @@ def test_the_summary_names_cpu_dtype_tokens_per_second_and_logs(tmp_path: Path) 
 
 def test_sigterm_stops_the_environment_and_vllm(tmp_path: Path) -> None:
     quickstart = _quickstart(tmp_path, STAND_IN_ENV_SLEEPS="1")
-    pids = tmp_path / "pids"
-    try:
-        deadline = time.monotonic() + 120
-        while not (pids.exists() and len(pids.read_text().split()) == 3):  # vLLM, its engine, the environment
-            assert time.monotonic() < deadline and quickstart.poll() is None
-            time.sleep(0.1)
-        started = [int(pid) for pid in pids.read_text().split()]
-        quickstart.send_signal(signal.SIGTERM)
-        output, _ = quickstart.communicate(timeout=60)
-    finally:
-        if quickstart.poll() is None:
-            quickstart.kill()
+    with killed_at_exit(quickstart):
+        started = recorded_pids(tmp_path / "pids", 3)  # vLLM, its engine, the environment
+        output = signal_and_read(quickstart, signal.SIGTERM)
     assert quickstart.returncode == 1 and "stopped by SIGTERM: stopped vLLM and the environment" in output, output
     assert "==> stop vLLM" in output
-    deadline = time.monotonic() + 10
-    while any(running(pid) for pid in started):
-        assert time.monotonic() < deadline, [pid for pid in started if running(pid)]
-        time.sleep(0.1)
+    all_gone(started)

@@ -20,8 +20,9 @@ from atroposlib.envs.server_handling.configs import APIServerConfig
 from atroposlib.envs.server_handling.server_manager import ServerManager
 from atroposlib.local.vllm_service import LocalVLLM
 from tests.conftest import registration
-from tests.helpers import ApiProcess
+from tests.helpers import ApiProcess, free_port
 from tests.local.conftest import ROOT
+from tests.local.stand_ins import killed_at_exit, signal_and_read
 
 pytestmark = [pytest.mark.real_vllm, pytest.mark.slow]
 QUESTION = [{"role": "user", "content": "Tom has 3 apples and buys 4 more. How many apples does he have?"}]
@@ -155,21 +156,16 @@ def _process_group_members(pgid: int) -> list[int]:
 
 
 def test_sigterm_to_the_real_wrapper_stops_every_vllm_process(real_model_dir: Path, tmp_path: Path) -> None:
-    port = LocalVLLM(real_model_dir).port
     command = [sys.executable, "-m", "atroposlib.local.vllm_service", "serve", "--model", str(real_model_dir),
-               "--port", str(port)]
+               "--port", str(free_port())]
     wrapper = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
+    with killed_at_exit(wrapper):
         assert wrapper.stdout is not None
         lines = [wrapper.stdout.readline() for _ in range(4)]
         assert lines[1].strip().startswith("dtype: ") and "vLLM is up at" in lines[3], lines
         children = Path(f"/proc/{wrapper.pid}/task/{wrapper.pid}/children").read_text().split()
         vllm_group = int(children[0])  # vLLM leads a process group of its own
         assert len(_process_group_members(vllm_group)) >= 2  # the API server and its engine
-        wrapper.send_signal(signal.SIGTERM)
-        output, _ = wrapper.communicate(timeout=120)
-    finally:
-        if wrapper.poll() is None:
-            wrapper.kill()
+        output = signal_and_read(wrapper, signal.SIGTERM, timeout=120)
     assert wrapper.returncode == 0 and "stopped by SIGTERM: vLLM stopped" in output, output
     assert _process_group_members(vllm_group) == []

@@ -7,22 +7,22 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from atroposlib.local.cpu import choose_dtype, read_cpu
 from atroposlib.local.vllm_service import LocalVLLM, VLLMStartError
-from tests.local.stand_ins import model_folder, running, stand_in_runtime
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from tests.helpers import free_port
+from tests.local.stand_ins import (
+    all_gone,
+    killed_at_exit,
+    model_folder,
+    recorded_pids,
+    running,
+    signal_and_read,
+    stand_in_runtime,
+)
 
 
 def test_the_dtype_follows_the_cpu_unless_given(tmp_path: Path) -> None:
@@ -34,20 +34,13 @@ def test_the_dtype_follows_the_cpu_unless_given(tmp_path: Path) -> None:
     assert forced.dtype.reason == "asked for with --dtype"
 
 
-def _wait_for(predicate, timeout: float = 60.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.1)
-
-
 def _start_wrapper(tmp_path: Path, *flags: str, **environ: str) -> tuple[subprocess.Popen[str], Path]:
     runtime = stand_in_runtime(tmp_path)
     pids = tmp_path / "pids"
     env = {**os.environ, "ATROPOS_VLLM_RUNTIME": str(runtime.path), "ATROPOS_HOME": str(tmp_path / "home"),
            "STAND_IN_PIDS": str(pids), **environ}
     command = [sys.executable, "-m", "atroposlib.local.vllm_service", "serve", "--model",
-               str(model_folder(tmp_path / "model")), "--port", str(_free_port()), *flags]
+               str(model_folder(tmp_path / "model")), "--port", str(free_port()), *flags]
     wrapper = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     return wrapper, pids
 
@@ -55,61 +48,49 @@ def _start_wrapper(tmp_path: Path, *flags: str, **environ: str) -> tuple[subproc
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_a_stop_signal_stops_vllm_and_its_children(signum: int, tmp_path: Path) -> None:
     wrapper, pids = _start_wrapper(tmp_path, "--dtype", "float32")
-    try:
+    with killed_at_exit(wrapper):
         assert wrapper.stdout is not None
         lines = [wrapper.stdout.readline() for _ in range(4)]
         assert lines[1].strip() == "dtype: float32 (asked for with --dtype)", lines
         assert lines[2].strip().startswith("log:") and "vLLM is up at" in lines[3], lines
-        _wait_for(lambda: pids.exists() and len(pids.read_text().split()) == 2)
-        server_pids = [int(pid) for pid in pids.read_text().split()]
+        server_pids = recorded_pids(pids, 2)
         assert all(running(pid) for pid in server_pids)
-        wrapper.send_signal(signum)
-        output, _ = wrapper.communicate(timeout=60)
-    finally:
-        if wrapper.poll() is None:
-            wrapper.kill()
+        output = signal_and_read(wrapper, signum)
     assert wrapper.returncode == 0, output
     assert f"stopped by {signal.Signals(signum).name}: vLLM stopped" in output
-    _wait_for(lambda: not any(running(pid) for pid in server_pids), timeout=10)
+    all_gone(server_pids)
 
 
 def test_the_server_dies_with_a_killed_wrapper(tmp_path: Path) -> None:
     wrapper, pids = _start_wrapper(tmp_path)
-    try:
-        _wait_for(lambda: pids.exists() and len(pids.read_text().split()) == 2)
-        server_pid, engine_pid = (int(pid) for pid in pids.read_text().split())
+    with killed_at_exit(wrapper):
+        server_pid, engine_pid = recorded_pids(pids, 2)
         wrapper.kill()
         wrapper.wait(30)
-        _wait_for(lambda: not running(server_pid), timeout=10)
+    try:
+        all_gone([server_pid])
     finally:
-        for pid in (int(pid) for pid in pids.read_text().split()):
+        for pid in (server_pid, engine_pid):  # the stand-in's engine outlives it (vLLM's does not)
             if running(pid):
                 os.kill(pid, signal.SIGKILL)
 
 
 def test_a_stop_signal_during_start_up_leaves_nothing(tmp_path: Path) -> None:
     wrapper, pids = _start_wrapper(tmp_path, STAND_IN_UNHEALTHY="1")
-    try:
-        _wait_for(lambda: pids.exists() and len(pids.read_text().split()) == 2)
-        server_pids = [int(pid) for pid in pids.read_text().split()]
-        wrapper.send_signal(signal.SIGTERM)
-        output, _ = wrapper.communicate(timeout=60)
-    finally:
-        if wrapper.poll() is None:
-            wrapper.kill()
+    with killed_at_exit(wrapper):
+        server_pids = recorded_pids(pids, 2)
+        output = signal_and_read(wrapper, signal.SIGTERM)
     assert wrapper.returncode == 0 and output.rstrip().endswith("stopped by SIGTERM: vLLM stopped"), output
-    _wait_for(lambda: not any(running(pid) for pid in server_pids), timeout=10)
+    all_gone(server_pids)
 
 
 def test_a_start_that_times_out_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pids = tmp_path / "pids"
     monkeypatch.setenv("STAND_IN_PIDS", str(pids))
     monkeypatch.setenv("STAND_IN_UNHEALTHY", "1")
-    server = LocalVLLM(model_folder(tmp_path / "model"), port=_free_port(), runtime=stand_in_runtime(tmp_path),
+    server = LocalVLLM(model_folder(tmp_path / "model"), port=free_port(), runtime=stand_in_runtime(tmp_path),
                        log_path=tmp_path / "vllm.log")
     with pytest.raises(VLLMStartError, match="did not answer within 5 s"):
         server.start(timeout=5)
     assert server.process is not None and server.process.poll() is not None
-    server_pids = [int(pid) for pid in pids.read_text().split()]
-    assert len(server_pids) == 2
-    _wait_for(lambda: not any(running(pid) for pid in server_pids), timeout=10)
+    all_gone(recorded_pids(pids, 2))
