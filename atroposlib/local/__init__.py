@@ -5,5 +5,9 @@ environment, a bundled model prepared for it, and a service wrapper.
 * `prepare_model` - turns the bundled SmolLM2 GGUF (or any model) into an HF folder
   (``atropos-prepare-model``);
 * `vllm_service` - starts vLLM's OpenAI server on a model and stops it (``atropos-vllm serve``);
-* `quickstart` - the README's main job (``atropos-quickstart``).
+* `quickstart` - the README's main job (``atropos-quickstart``);
+* `cpu` - the CPU's name and flags, and the dtype vLLM is fast in on it;
+* `token_progress` - a bar of generated tokens read from vLLM's ``/metrics``;
+* `signals` - SIGINT, SIGTERM and SIGHUP as exceptions, so every tool cleans up;
+* `help_format` - ``--help`` with every flag's default.
 """
