@@ -22,7 +22,7 @@ from atroposlib.local.vllm_service import LocalVLLM
 from tests.conftest import registration
 from tests.helpers import ApiProcess, free_port
 from tests.local.conftest import ROOT
-from tests.local.stand_ins import killed_at_exit, signal_and_read
+from tests.local.stand_ins import killed_at_exit, signal_and_read, wait_until
 
 pytestmark = [pytest.mark.real_vllm, pytest.mark.slow]
 QUESTION = [{"role": "user", "content": "Tom has 3 apples and buys 4 more. How many apples does he have?"}]
@@ -168,4 +168,4 @@ def test_sigterm_to_the_real_wrapper_stops_every_vllm_process(real_model_dir: Pa
         assert len(_process_group_members(vllm_group)) >= 2  # the API server and its engine
         output = signal_and_read(wrapper, signal.SIGTERM, timeout=120)
     assert wrapper.returncode == 0 and "stopped by SIGTERM: vLLM stopped" in output, output
-    assert _process_group_members(vllm_group) == []
+    wait_until(lambda: _process_group_members(vllm_group) == [], timeout=10)  # SIGKILLed ones take a moment
