@@ -14,13 +14,31 @@ import asyncio
 import re
 import time
 import uuid
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 import uvicorn
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Response
 
 LATENCY_S = 0.0
+POST_IN_FLIGHT = 0  # POST requests being answered now: tests wait for work to be in flight
 app = FastAPI()
+
+
+@app.middleware("http")
+async def count_in_flight(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+    global POST_IN_FLIGHT
+    if request.method != "POST":
+        return await call_next(request)
+    POST_IN_FLIGHT += 1
+    try:
+        return await call_next(request)
+    finally:
+        POST_IN_FLIGHT -= 1
+
+
+@app.get("/stats")
+async def stats() -> dict[str, int]:
+    return {"in_flight": POST_IN_FLIGHT}
 
 
 def _answer(prompt: str, index: int) -> str:

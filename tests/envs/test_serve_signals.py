@@ -148,13 +148,16 @@ def test_second_ctrl_c_cancels_rollouts_in_flight_and_disconnects(
 
 
 def test_stops_while_the_api_is_down_and_keeps_the_spool(tokenizer_dir: Path, tmp_path: Path) -> None:
-    inference, inference_url = start_fake_inference(latency=0.5)
+    inference, inference_url = start_fake_inference(latency=2.0)
     api = ApiProcess(tmp_path / "state").start()
     env: Optional[EnvProcess] = None
+    stats_url = inference_url.removesuffix("/v1") + "/stats"
     try:
         start_trainer(api.url)
         env = start_env(tmp_path, serve_flags(api.url, tokenizer_dir, tmp_path, inference_url))
         env.wait_for(lambda: httpx.get(api.url + "/status").json()["queue_size"] >= 2, "groups at the API")
+        # a rollout in flight when the API dies is what must end up in the spool
+        env.wait_for(lambda: httpx.get(stats_url).json()["in_flight"] > 0, "a rollout in flight")
         api.kill9()
         spool = tmp_path / "spool"
         env.wait_for(lambda: any(spool.glob("*.json")), "a spooled submission", timeout=60)
