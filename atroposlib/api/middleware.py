@@ -32,6 +32,20 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
+def replaying(message: Message, receive: Receive) -> Receive:
+    """A `receive` that hands the app `message` (already read by a middleware) first, then reads on."""
+    replayed = False
+
+    async def replay() -> Message:
+        nonlocal replayed
+        if replayed:
+            return await receive()
+        replayed = True
+        return message
+
+    return replay
+
+
 async def send_error(
     send: Send, status: int, code: str, message: str, extra_headers: Optional[list[tuple[bytes, bytes]]] = None
 ) -> None:
@@ -145,16 +159,7 @@ class BodyLimits:
                 (k, v) for k, v in headers if k not in (b"content-encoding", b"content-length")
             ] + [(b"content-length", str(len(body)).encode())]
         scope["headers"] = headers
-        delivered = False
-
-        async def replay() -> Message:
-            nonlocal delivered
-            if delivered:
-                return await receive()
-            delivered = True
-            return {"type": "http.request", "body": body, "more_body": False}
-
-        await self.app(scope, replay, send)
+        await self.app(scope, replaying({"type": "http.request", "body": body, "more_body": False}, receive), send)
 
 
 class DurableResponses:
@@ -221,13 +226,4 @@ class JsonBodies:
                 await send_error(send, 415, "unsupported_media_type", f"{problem.text()}: send JSON bodies as application/json")
                 return
             self.on_accepted(problem)
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if replayed:
-                return await receive()
-            replayed = True
-            return first
-
-        await self.app(scope, replay, send)
+        await self.app(scope, replaying(first, receive), send)
