@@ -184,14 +184,14 @@ def test_evaluate_reports_its_wall_time(tokenizer_dir: Path, tmp_path: Path) -> 
     assert float(metrics["config_general"]["total_evaluation_time_seconds"]) >= 8 * 0.25
 
 
-def test_serve_logs_progress_and_a_summary_when_it_reaches_total_steps(
-    tokenizer_dir: Path, inference_url: str, tmp_path: Path
-) -> None:
+def test_serve_logs_progress_and_a_summary_when_it_reaches_total_steps(tokenizer_dir: Path, tmp_path: Path) -> None:
+    inference, inference_url = start_fake_inference(latency=1.0)  # slow enough for progress lines to be due
     with ApiProcess(None, "--ephemeral") as api:
         httpx.post(api.url + "/register", json=registration(8)).raise_for_status()
         httpx.get(api.url + "/batch")
         flags = common_flags(tokenizer_dir, inference_url, tmp_path) + [
-            "--env.rollout_server_url", api.url, "--env.total_steps", "3", "--env.progress_log_interval", "0.5"]
+            "--env.rollout_server_url", api.url, "--env.total_steps", "3", "--env.progress_log_interval", "0.5",
+            "--env.max_num_workers", "2"]
         env = subprocess.Popen(env_command("serve", *flags), cwd=tmp_path, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True)
         try:
@@ -203,6 +203,8 @@ def test_serve_logs_progress_and_a_summary_when_it_reaches_total_steps(
             if env.poll() is None:
                 env.kill()
             output = env.communicate(timeout=30)[0]
+            inference.terminate()
+            inference.wait(10)
     assert env.returncode == 0, output[-3000:]
     assert "HTTP Request:" not in output
     assert re.search(r"step \d+/3: \d+ groups sent \(\d+ rollouts\), 0 dropped", output), output[-3000:]
