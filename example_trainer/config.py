@@ -1,0 +1,157 @@
+"""`TrainingConfig`: everything one GRPO training run is told, in one validated object.
+
+The fields and defaults are Atropos 0.4.0's (a run configured for its trainer means the
+same here), with these changes:
+
+* ``dtype`` defaults to ``auto``: bfloat16 on a GPU, and on a CPU whatever
+  `atroposlib.local.cpu.choose_dtype` finds fast there (bfloat16 needs bf16 instructions;
+  without them float32 is several times faster). `TrainingConfig.resolved_dtype` makes
+  the choice and says why.
+* Added: ``resume_from``, ``use_env_advantages``, ``missing_logprobs``,
+  ``vllm_stop_during_train``, ``kl_coef``, ``max_prefetch_batches``, ``lease_seconds``,
+  ``vllm_python``, ``keep_last_n``, ``log_dir`` and the ``reload`` weight-bridge mode.
+* ``trainer_rank``, ``world_size``, ``init_method``, ``num_inference_nodes`` and
+  ``single_copy`` were never read by Atropos's trainer. They are still accepted, so old
+  configurations load, but setting one to anything but its default warns
+  (`DeprecationWarning`).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Iterable, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from atroposlib.local.cpu import DTYPES, Dtype, DtypeChoice, choose_dtype, read_cpu
+
+WeightBridgeMode = Literal["shared_vllm", "lora_only", "lora_restart", "none", "reload"]
+WEIGHT_BRIDGE_MODES: tuple[WeightBridgeMode, ...] = ("shared_vllm", "lora_only", "lora_restart", "none", "reload")
+OptimizerName = Literal["adamw", "adamw_8bit", "adafactor"]
+OPTIMIZERS: tuple[OptimizerName, ...] = ("adamw", "adamw_8bit", "adafactor")
+MissingLogprobs = Literal["error", "on_policy"]
+__all__ = ["DTYPES", "Dtype", "DtypeChoice", "TrainingConfig", "WEIGHT_BRIDGE_MODES", "OPTIMIZERS"]
+
+DEFAULT_LORA_TARGETS = ["q_proj", "v_proj"]
+# Field name -> default of the fields kept only so that old configurations still load.
+DEPRECATED_DEFAULTS: dict[str, object] = {
+    "trainer_rank": 0, "world_size": 1, "init_method": "env://", "num_inference_nodes": 0, "single_copy": False,
+}
+
+
+def default_device() -> str:
+    """``cuda`` when torch sees a GPU, else ``cpu`` (torch is imported only when asked)."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class TrainingConfig(BaseModel):
+    """The settings of one `atropos-grpo` run (see the module docstring for what changed)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    # Model
+    model_name: str = Field(min_length=1, description="HF model id or directory; also vLLM's served model name")
+
+    # Training
+    lr: float = Field(1e-5, gt=0, description="learning rate")
+    training_steps: int = Field(10, ge=1, description="optimizer steps, one trajectory-API batch each")
+    batch_size: int = Field(2, ge=1, description="sequences per forward pass (micro-batch)")
+    seq_len: int = Field(2048, ge=1, description="longest sequence, registered as max_token_len")
+    gradient_accumulation_steps: int = Field(32, ge=1, description="micro-batches per optimizer step")
+    warmup_steps: int = Field(0, ge=0, description="linear learning-rate warm-up steps (0: none)")
+    optimizer: OptimizerName = "adamw_8bit"
+    adafactor_scale_parameter: bool = False
+    adafactor_relative_step: bool = False
+    device: str = Field(default_factory=default_device)
+    save_path: str = "trained_model_checkpoints"
+    checkpoint_interval: int = Field(3, description="steps between recovery checkpoints (shared_vllm); 0: final only")
+    resume_from: Optional[str] = Field(None, description="checkpoint directory to continue from")
+    keep_last_n: Optional[int] = Field(None, ge=1, description="keep only this many step checkpoints")
+
+    # GRPO
+    clip_eps: float = Field(0.2, gt=0, lt=1)
+    kl_coef: float = Field(0.0, ge=0, description="weight of the k3 KL estimate against the sampler")
+    use_env_advantages: bool = Field(False, description="train on the API's per-token advantages when present")
+    missing_logprobs: MissingLogprobs = Field(
+        "on_policy", description="rows without inference logprobs: ratio 1 (on_policy) or refuse (error)")
+
+    # vLLM
+    vllm_restart_interval: int = Field(3, ge=1, description="steps between weight syncs")
+    vllm_port: int = Field(9001, ge=1, le=65535)
+    vllm_gpu: Optional[int] = Field(None, ge=0)
+    vllm_gpu_memory_utilization: float = Field(0.45, gt=0, le=1)
+    max_model_len: int = Field(4096, ge=1)
+    dtype: Dtype = "auto"
+    vllm_stop_during_train: bool = Field(False, description="stop vLLM while a training step runs")
+    vllm_python: Optional[str] = Field(None, description="python interpreter that has vLLM installed")
+
+    # Trajectory API
+    atropos_url: str = "http://localhost:8000"
+    max_prefetch_batches: int = Field(4, ge=1, description="leased batches held at once, the one training included")
+    lease_seconds: float = Field(1800.0, gt=0, le=86_400, description="how long a leased batch stays ours")
+
+    # Weights & Biases
+    use_wandb: bool = False
+    wandb_project: Optional[str] = None
+    wandb_group: Optional[str] = None
+
+    # Weight-bridge mode
+    weight_bridge_mode: WeightBridgeMode = "none"
+    train_layer_indices: Optional[list[int]] = None
+    vllm_config_path: Optional[str] = None
+
+    # LoRA
+    lora_r: int = Field(16, ge=1)
+    lora_alpha: int = Field(32, ge=1)
+    lora_dropout: float = Field(0.05, ge=0, lt=1)
+    lora_target_modules: Optional[list[str]] = None
+    lora_layer_indices: Optional[list[int]] = None
+
+    # Debug and logs
+    debug_loading: bool = False
+    benchmark: bool = False
+    log_dir: str = "./logs"
+
+    # Deprecated: never read (see DEPRECATED_DEFAULTS).
+    trainer_rank: int = 0
+    world_size: int = 1
+    init_method: str = "env://"
+    num_inference_nodes: int = 0
+    single_copy: bool = False
+
+    @field_validator("train_layer_indices", "lora_layer_indices")
+    @classmethod
+    def _sorted_unique_indices(cls, value: Optional[list[int]]) -> Optional[list[int]]:
+        if value is None:
+            return None
+        if any(index < 0 for index in value):
+            raise ValueError("layer indices must be >= 0")
+        return sorted(set(value)) or None
+
+    @model_validator(mode="after")
+    def _warn_deprecated(self) -> "TrainingConfig":
+        for name, default in DEPRECATED_DEFAULTS.items():
+            if getattr(self, name) != default:
+                warnings.warn(f"TrainingConfig.{name} is deprecated and ignored (the trainer never used it)",
+                              DeprecationWarning, stacklevel=2)
+        return self
+
+    @property
+    def registered_batch_size(self) -> int:
+        """Sequences per optimizer step: what the trainer registers as the API's batch size."""
+        return self.batch_size * self.gradient_accumulation_steps
+
+    @property
+    def lora_targets(self) -> list[str]:
+        """The LoRA target modules, ``q_proj`` and ``v_proj`` unless configured."""
+        return list(self.lora_target_modules or DEFAULT_LORA_TARGETS)
+
+    def resolved_dtype(self, cpu_flags: Optional[Iterable[str]] = None) -> DtypeChoice:
+        """The dtype training and vLLM run in, and why. `cpu_flags` defaults to this machine's."""
+        if self.dtype == "auto" and self.device.startswith("cuda"):
+            # Atropos trains in bfloat16 on GPUs; every GPU it supports has bf16 arithmetic.
+            return DtypeChoice("bfloat16", "CUDA device: bfloat16")
+        flags = read_cpu().flags if cpu_flags is None else cpu_flags
+        return choose_dtype(flags, self.dtype)
