@@ -19,7 +19,7 @@ import collections
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Optional, TypeVar
 
 import requests
@@ -159,7 +159,8 @@ class BatchFeed:
     ``with BatchFeed(url) as feed: batch = feed.next(); ...train...; feed.ack(batch)``."""
 
     def __init__(self, url: str, max_prefetch_batches: int = 4, lease_seconds: float = 1800.0, *,
-                 wait_seconds: float = LONG_POLL_S, poll_interval: float = 1.0, progress_every: float = PROGRESS_EVERY_S,
+                 wait_seconds: float = LONG_POLL_S, poll_interval: float = 1.0,
+                 progress_every: float = PROGRESS_EVERY_S,
                  log: Callable[[str], None] = lambda line: print(line, flush=True)) -> None:
         if max_prefetch_batches < 1:
             raise ValueError("max_prefetch_batches must be at least 1")
@@ -238,7 +239,7 @@ class BatchFeed:
             self._cond.notify_all()
         self._thread.join()
         with self._cond:
-            unsettled = [b for b in self._ready if b.batch_id is not None] + list(self._handed_out.values())
+            unsettled = [b for b in [*self._ready, *self._handed_out.values()] if b.batch_id is not None]
             dropped = sum(b.batch_id is None for b in self._ready)
             self._ready.clear()
             self._handed_out.clear()
@@ -296,7 +297,8 @@ class BatchFeed:
 
         def call() -> Optional[dict[str, Any]]:
             try:
-                return _request("POST", f"{self.url}/batch", json=body, timeout=REQUEST_TIMEOUT_S + self.wait_seconds).json()
+                timeout = REQUEST_TIMEOUT_S + self.wait_seconds
+                return _request("POST", f"{self.url}/batch", json=body, timeout=timeout).json()
             except requests.HTTPError as err:
                 if err.response is not None and err.response.status_code in (404, 405):
                     return None

@@ -158,7 +158,10 @@ def _debug_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--log-dir", default="./logs", help="directory of the log files (vLLM output)")
 
 
-def _parser(prog: str, description: str, groups: list[Callable[[argparse.ArgumentParser], None]]) -> argparse.ArgumentParser:
+AddGroup = Callable[[argparse.ArgumentParser], None]
+
+
+def _parser(prog: str, description: str, groups: list[AddGroup]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=description, formatter_class=DefaultsHelpFormatter)
     for add in groups:
         add(parser)

@@ -82,7 +82,8 @@ def test_auto_dtype_on_a_cpu_with_bf16_instructions_is_bfloat16(flag: str) -> No
 
 def test_auto_dtype_on_cuda_is_bfloat16_and_an_explicit_dtype_wins() -> None:
     assert TrainingConfig(model_name="m", device="cuda:0").resolved_dtype(cpu_flags=set()).dtype == "bfloat16"
-    assert TrainingConfig(model_name="m", device="cpu", dtype="bfloat16").resolved_dtype(cpu_flags=set()).dtype == "bfloat16"
+    explicit = TrainingConfig(model_name="m", device="cpu", dtype="bfloat16")
+    assert explicit.resolved_dtype(cpu_flags=set()).dtype == "bfloat16"
     assert TrainingConfig(model_name="m", device="cuda", dtype="float16").resolved_dtype().dtype == "float16"
 
 
