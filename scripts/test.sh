@@ -3,8 +3,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 step() { echo "test.sh [$1/5] $2" >&2; }
-step 1 "installing atroposlib with its dev, rewardfns and quickstart extras into .venv"
-EXTRAS=dev,rewardfns,quickstart bash scripts/setup.sh
+step 1 "installing atroposlib with its dev, example_trainer, rewardfns and quickstart extras into .venv"
+EXTRAS=dev,example_trainer,rewardfns,quickstart bash scripts/setup.sh
 # The real vLLM engine (CPU build) in its own venv, for the tests marked real_vllm; they
 # skip without it, so a failed install stops here instead.
 export ATROPOS_HOME="${ATROPOS_HOME:-$(pwd)/.cache/atropos}"

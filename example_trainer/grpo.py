@@ -1,0 +1,57 @@
+"""`atropos-grpo`: train a model with GRPO on batches from the trajectory API.
+
+    atropos-grpo --model-name DIR_OR_HUB_ID --training-steps 20 --weight-bridge-mode reload
+
+Exit status: 0 when training finished, 1 with one ``error:`` line when it could not start or
+go on, 2 when the chosen mode needs hardware this machine lacks, 130 / 143 when stopped by
+Ctrl-C / SIGTERM (vLLM stopped, unacknowledged batches back in the API's queue).
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from typing import Callable, Optional
+
+import requests
+
+from atroposlib.local.signals import StopSignal, stop_signals_raise
+from atroposlib.local.vllm_service import VLLMStartError
+from example_trainer.cli import parse_config
+from example_trainer.config import TrainingConfig
+from example_trainer.trainers import (GpuRequiredError, TrainerError, train_legacy, train_lora, train_lora_restart,
+                                      train_shared_vllm)
+from example_trainer.vllm_manager import PortInUseError
+from example_trainer.weight_sync import WeightSyncError
+
+ENTRY_POINTS: dict[str, Callable[[TrainingConfig], None]] = {
+    "shared_vllm": train_shared_vllm,
+    "lora_only": train_lora,
+    "lora_restart": train_lora_restart,
+}
+STOPPING_ERRORS = (TrainerError, WeightSyncError, VLLMStartError, PortInUseError, requests.RequestException, OSError)
+
+
+def run_training(config: TrainingConfig) -> None:
+    """Run the mode's entry point, turning the ways training can end into an exit status."""
+    entry = ENTRY_POINTS.get(config.weight_bridge_mode, train_legacy)
+    try:
+        with stop_signals_raise():
+            entry(config)
+    except GpuRequiredError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except STOPPING_ERRORS as exc:
+        sys.exit(f"error: {exc}")
+    except KeyboardInterrupt as stop:
+        print(f"{stop or 'interrupted'}: vLLM stopped, unacknowledged batches returned to the API", file=sys.stderr)
+        signum = signal.Signals[stop.signal_name] if isinstance(stop, StopSignal) else signal.SIGINT
+        sys.exit(128 + signum)
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    run_training(parse_config(argv))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,170 @@
+"""The GRPO training loop, and Atropos's entry points for each weight-bridge mode.
+
+`train` reads top to bottom: load the model, register with the trajectory API, start vLLM,
+then per step take a batch, train on it, and, every ``vllm_restart_interval`` steps, save a
+checkpoint and hand it to vLLM (how depends on the mode: `example_trainer.weight_sync`). A
+batch is acknowledged to the API only after the step that used it, so the API's step equals
+the trainer's and a trainer that dies mid-step loses no data (the lease runs out and the
+batch is served again).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from example_trainer.api import BatchFeed, check_atropos_api, register_trainer
+from example_trainer.checkpointing import (TrainerState, load_resume_state, restore_optimizer_and_rng,
+                                           save_checkpoint, save_lora_checkpoint)
+from example_trainer.config import TrainingConfig
+from example_trainer.data import prepare_batch
+from example_trainer.model import load_model_and_tokenizer
+from example_trainer.training import (create_optimizer, finalize_training, log_metrics, run_training_step,
+                                      setup_wandb)
+from example_trainer.weight_sync import WeightSync, make_weight_sync
+
+
+class TrainerError(RuntimeError):
+    """Training cannot start or go on; the message says why in one line."""
+
+
+class GpuRequiredError(TrainerError):
+    """The chosen mode needs an NVIDIA GPU and this machine has none."""
+
+
+def train(config: TrainingConfig) -> None:
+    """Train for ``config.training_steps`` optimizer steps, one API batch each."""
+    announce(config)
+    model, tokenizer = load_model_and_tokenizer(config)
+    optimizer = create_optimizer(model, config)
+    first_step = resume(config, optimizer)
+    Path(config.save_path).mkdir(parents=True, exist_ok=True)
+    connect(config, first_step)
+    use_wandb = setup_wandb(config)
+    started = time.time()
+    with make_weight_sync(config) as sync, BatchFeed(config.atropos_url, config.max_prefetch_batches,
+                                                     config.lease_seconds) as feed:
+        initial = config.resume_from or config.model_name
+        if sync.saves_adapters:
+            initial = save(model, tokenizer, optimizer, config, sync, first_step)
+        print(f"vLLM ready in {sync.start(initial):.1f} s")
+        for step in range(first_step, config.training_steps):
+            train_step(model, tokenizer, optimizer, config, sync, feed, step, use_wandb)
+        final = save(model, tokenizer, optimizer, config, sync, config.training_steps, final=True)
+        print(f"final weights: {final}")
+    finalize_training(use_wandb, started, mode=config.weight_bridge_mode,
+                      total_steps=config.training_steps - first_step, benchmark=config.benchmark)
+
+
+def train_step(model: torch.nn.Module, tokenizer: object, optimizer: torch.optim.Optimizer,
+               config: TrainingConfig, sync: WeightSync, feed: BatchFeed, step: int, use_wandb: bool) -> None:
+    """One optimizer step on the next batch, then (on a sync step) the new weights to vLLM."""
+    fetch_started = time.monotonic()
+    leased = feed.next()
+    batch = prepare_batch(leased.items, config.batch_size, use_env_advantages=config.use_env_advantages)
+    data_fetch_time = time.monotonic() - fetch_started
+    done = step + 1
+    last = done == config.training_steps
+    sync_step = done % max(config.vllm_restart_interval, 1) == 0 or last
+    sync.before_training(sync_step)
+    step_started = time.monotonic()
+    metrics = run_training_step(model, optimizer, batch, config, step)
+    step_time = time.monotonic() - step_started
+    sync_time = 0.0
+    if sync_step or checkpoint_due(config, done):
+        checkpoint = save(model, tokenizer, optimizer, config, sync, done)
+        # after the last step vLLM is about to stop: publishing would only delay the end
+        if sync_step and not last:
+            sync_time = sync.publish(checkpoint, done)
+            print(f"step {done}: vLLM now serves {checkpoint} ({sync_time:.1f} s)")
+    api_step = feed.ack(leased)
+    log_metrics(metrics, done, use_wandb, extra_metrics={
+        "train/step_time": step_time, "train/sync_time": sync_time, "train/data_fetch_time": data_fetch_time,
+        "train/sequences": batch.num_sequences, "train/api_step": api_step}, benchmark=config.benchmark)
+
+
+def checkpoint_due(config: TrainingConfig, done: int) -> bool:
+    """A recovery checkpoint every ``checkpoint_interval`` steps (0: none besides the syncs)."""
+    return config.checkpoint_interval > 0 and done % config.checkpoint_interval == 0
+
+
+def save(model: torch.nn.Module, tokenizer: object, optimizer: torch.optim.Optimizer, config: TrainingConfig,
+         sync: WeightSync, step: int, final: bool = False) -> str:
+    """The model (or its adapter, in the LoRA modes) with everything `resume` needs."""
+    state = TrainerState(step=step, model_name=config.model_name, atropos_url=config.atropos_url,
+                         weight_bridge_mode=config.weight_bridge_mode, dtype=config.resolved_dtype().dtype)
+    if sync.saves_adapters:
+        return save_lora_checkpoint(model, config.save_path, step, is_final=final, optimizer=optimizer,
+                                    state=state, keep_last_n=config.keep_last_n)
+    return save_checkpoint(model, tokenizer, config.save_path, step, is_final=final, optimizer=optimizer,
+                           state=state, keep_last_n=config.keep_last_n)
+
+
+def resume(config: TrainingConfig, optimizer: torch.optim.Optimizer) -> int:
+    """The first step to train: 0, or the step of the ``resume_from`` checkpoint, whose
+    optimizer and random-number states are restored."""
+    if not config.resume_from:
+        return 0
+    state = load_resume_state(config.resume_from)
+    restore_optimizer_and_rng(config.resume_from, optimizer)
+    if state.step >= config.training_steps:
+        raise TrainerError(f"{config.resume_from} is at step {state.step}, already at --training-steps "
+                           f"{config.training_steps}: raise --training-steps to train further")
+    print(f"resuming from {config.resume_from} at step {state.step}")
+    return state.step
+
+
+def connect(config: TrainingConfig, first_step: int) -> None:
+    """Wait for the trajectory API and register this run (batch size, sequence length, step)."""
+    if not check_atropos_api(config.atropos_url):
+        raise TrainerError(f"no trajectory API answers at {config.atropos_url}: start one with `run-api` "
+                           "or pass --atropos-url")
+    register_trainer(config, starting_step=first_step)
+    print(f"registered with {config.atropos_url}: {config.registered_batch_size} sequences per batch, "
+          f"max {config.seq_len} tokens, starting at step {first_step}")
+
+
+def announce(config: TrainingConfig) -> None:
+    dtype = config.resolved_dtype()
+    print(f"GRPO trainer: {config.model_name}, mode {config.weight_bridge_mode}, {config.training_steps} steps "
+          f"on {config.device}\n  dtype: {dtype.dtype} ({dtype.reason})\n  checkpoints: {config.save_path}, "
+          f"vLLM log: {Path(config.log_dir) / 'vllm.log'}")
+
+
+def with_mode(config: TrainingConfig, mode: str, allowed: tuple[str, ...] = ()) -> TrainingConfig:
+    """`config` in `mode`, unless its own mode is one of `allowed`."""
+    if config.weight_bridge_mode in allowed:
+        return config
+    return config.model_copy(update={"weight_bridge_mode": mode})
+
+
+def train_legacy(config: TrainingConfig) -> None:
+    """Full-model training; vLLM restarted on each checkpoint (``none``) or, with
+    ``weight_bridge_mode="reload"``, updated in place."""
+    train(with_mode(config, "none", allowed=("none", "reload")))
+
+
+def train_lora(config: TrainingConfig) -> None:
+    """LoRA training with adapters hot-swapped into a running vLLM (``lora_only``)."""
+    train(with_mode(config, "lora_only"))
+
+
+def train_lora_restart(config: TrainingConfig) -> None:
+    """LoRA training with vLLM restarted on each adapter (``lora_restart``)."""
+    train(with_mode(config, "lora_restart"))
+
+
+def train_shared_vllm(config: TrainingConfig, bridge_config_path: Optional[str] = None) -> None:
+    """``shared_vllm``: the trainer would update vLLM's own weight tensors through CUDA IPC.
+
+    That needs an NVIDIA GPU shared with vLLM, and this release has no implementation of the
+    IPC attachment: use ``reload`` (new weights read in place after each sync, no restart) or
+    ``none``."""
+    if not torch.cuda.is_available():
+        raise GpuRequiredError("weight_bridge_mode shared_vllm shares CUDA memory with vLLM and this machine "
+                               "has no GPU: use --weight-bridge-mode reload (in-place update) or none")
+    raise TrainerError("weight_bridge_mode shared_vllm is not available in this release: use "
+                       "--weight-bridge-mode reload (in-place update, no restart) or none")

@@ -1,0 +1,147 @@
+"""Weight sync: how the trainer's new weights reach the vLLM server the environments sample from.
+
+The training loop (`example_trainer.trainers.train`) is the same in every weight-bridge mode;
+after a sync step it saves a checkpoint and hands its folder to the mode's `WeightSync`:
+
+==============  ==============================================  =======================================
+mode            vLLM                                            after a sync step
+==============  ==============================================  =======================================
+``none``        started by the trainer on the base model        restarted on ``step_N/``
+``reload``      started by the trainer on the base model        ``step_N/`` read in place, no restart
+``lora_only``   started by the user with ``--enable-lora``      ``adapter_step_N/`` hot-swapped
+``lora_restart``started by the trainer with ``--enable-lora``   restarted with ``adapter_step_N/``
+==============  ==============================================  =======================================
+
+``shared_vllm`` (one copy of the weights shared with vLLM through CUDA IPC) has no strategy
+here: it needs a GPU (see `example_trainer.trainers.train_shared_vllm`).
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any, Optional
+
+from example_trainer.config import TrainingConfig
+from example_trainer.vllm_manager import TrainerVLLM, check_vllm_health, hotswap_lora_adapter
+
+class WeightSyncError(RuntimeError):
+    """vLLM could not be given the new weights (or was not there to receive them)."""
+
+
+class WeightSync(ABC):
+    """One mode's vLLM life cycle: `start` before the first step, `publish` after each sync
+    step, and (as a context manager) stopping whatever it started, however training ends."""
+
+    saves_adapters = False
+
+    def __init__(self, config: TrainingConfig, vllm: Optional[TrainerVLLM]) -> None:
+        self.config = config
+        self.vllm = vllm
+
+    def start(self, weights: str) -> float:
+        """Make vLLM serve `weights` (a model folder or name, or an adapter folder in the LoRA
+        modes); returns the seconds it took."""
+        assert self.vllm is not None
+        return self.vllm.start(weights)
+
+    def before_training(self, sync_step: bool) -> None:
+        """Called before each training step; vLLM keeps serving unless told otherwise."""
+        if sync_step and self.config.vllm_stop_during_train and self.vllm is not None:
+            self.vllm.stop()
+
+    @abstractmethod
+    def publish(self, checkpoint: str, step: int) -> float:
+        """Give vLLM the weights saved in `checkpoint` after `step`; returns the seconds it took."""
+
+    def close(self) -> None:
+        if self.vllm is not None:
+            self.vllm.stop()
+
+    def __enter__(self) -> "WeightSync":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+
+class RestartSync(WeightSync):
+    """``none``: restart vLLM on each new checkpoint (Atropos's legacy mode), serving under the
+    same model name so the environments notice nothing but a short outage."""
+
+    def publish(self, checkpoint: str, step: int) -> float:
+        assert self.vllm is not None
+        return self.vllm.restart(checkpoint)
+
+
+class ReloadSync(WeightSync):
+    """``reload``: vLLM keeps running and reads the new checkpoint in place (no restart, no
+    outage: generation pauses for the reload only)."""
+
+    def before_training(self, sync_step: bool) -> None:
+        """vLLM never stops in this mode: the reload needs the running engine."""
+
+    def publish(self, checkpoint: str, step: int) -> float:
+        assert self.vllm is not None
+        return self.vllm.reload_weights(checkpoint)
+
+
+class LoraHotSwapSync(WeightSync):
+    """``lora_only``: the user runs vLLM with ``--enable-lora``; each new adapter is loaded into
+    it by name (``step_N``)."""
+
+    saves_adapters = True
+
+    def start(self, weights: str) -> float:
+        port = self.config.vllm_port
+        if not check_vllm_health(port):
+            raise WeightSyncError(
+                f"lora_only needs a vLLM server with LoRA on port {port}, and none answers there; start one with\n"
+                f"  python -m example_trainer.vllm_api_server --model {self.config.model_name} --port {port} "
+                f"--enable-lora --max-lora-rank {max(2 * self.config.lora_r, 32)} --enforce-eager")
+        return 0.0
+
+    def before_training(self, sync_step: bool) -> None:
+        """The server is the user's: the trainer never stops it."""
+
+    def publish(self, checkpoint: str, step: int) -> float:
+        started = time.monotonic()
+        if not hotswap_lora_adapter(f"step_{step}", checkpoint, self.config.vllm_port):
+            raise WeightSyncError(f"vLLM on port {self.config.vllm_port} did not load the adapter in {checkpoint}")
+        return time.monotonic() - started
+
+
+class LoraRestartSync(WeightSync):
+    """``lora_restart``: vLLM runs the frozen base model with LoRA enabled; after each sync step
+    it is restarted and given the new adapter."""
+
+    saves_adapters = True
+
+    def start(self, weights: str) -> float:
+        assert self.vllm is not None
+        return self.vllm.start(self.config.model_name, adapter=weights)
+
+    def publish(self, checkpoint: str, step: int) -> float:
+        assert self.vllm is not None
+        self.vllm.stop()
+        return self.vllm.start(self.config.model_name, adapter=checkpoint)
+
+
+STRATEGIES: dict[str, type[WeightSync]] = {
+    "none": RestartSync,
+    "reload": ReloadSync,
+    "lora_only": LoraHotSwapSync,
+    "lora_restart": LoraRestartSync,
+}
+
+
+def make_weight_sync(config: TrainingConfig) -> WeightSync:
+    """The strategy for `config.weight_bridge_mode`; vLLM's log goes to ``<log_dir>/vllm.log``."""
+    strategy = STRATEGIES.get(config.weight_bridge_mode)
+    if strategy is None:
+        raise WeightSyncError(f"weight_bridge_mode {config.weight_bridge_mode!r} has no weight sync here; "
+                              f"choose one of {', '.join(STRATEGIES)}")
+    owns_vllm = strategy is not LoraHotSwapSync
+    vllm = TrainerVLLM(config, Path(config.log_dir) / "vllm.log") if owns_vllm else None
+    return strategy(config, vllm)

@@ -1,0 +1,155 @@
+"""The whole RL loop on a CPU, as a user runs it: `run-api`, the GSM8K environment in ``serve``
+mode sampling from the trainer's vLLM (``server_type: vllm``), and `atropos-grpo` restarting
+vLLM on a new checkpoint after every step."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Iterator, Optional
+
+import httpx
+import pytest
+
+from tests.helpers import ApiProcess, free_port
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+PROBE = "The capital of France is Paris. The capital of Italy is Rome."
+
+pytestmark = [pytest.mark.slow, pytest.mark.real_vllm, pytest.mark.timeout(1500)]
+
+
+class ServedLogprobs:
+    """Asks vLLM for the prompt logprobs of a fixed text every few seconds while training runs,
+    keeping each distinct answer: new weights being served show up as a new answer."""
+
+    def __init__(self, port: int, token_ids: list[int]) -> None:
+        self.url = f"http://127.0.0.1:{port}/generate"
+        self.token_ids = token_ids
+        self.seen: list[tuple[float, ...]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _probe(self) -> Optional[tuple[float, ...]]:
+        try:
+            answer = httpx.post(self.url, timeout=30, json={
+                "prompt": {"prompt_token_ids": self.token_ids}, "max_tokens": 1, "prompt_logprobs": 0}).json()
+        except (httpx.HTTPError, ValueError):
+            return None
+        positions = answer.get("prompt_logprobs") or []
+        return tuple(round(next(iter(entry.values())), 3) for entry in positions if entry)
+
+    def _run(self) -> None:
+        while not self._stop.wait(3.0):
+            served = self._probe()
+            if served and (not self.seen or self.seen[-1] != served):
+                self.seen.append(served)
+
+    def __enter__(self) -> "ServedLogprobs":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join(35)
+
+
+def processes_mentioning(*needles: str) -> list[str]:
+    """Command lines of live processes that contain every needle."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if all(needle in text for needle in needles):
+            found.append(text)
+    return found
+
+
+def environment_command(api: ApiProcess, vllm_port: int, model_dir: Path, data: Path, tmp_path: Path) -> list[str]:
+    return [sys.executable, str(ROOT / "environments" / "gsm8k_server.py"), "serve",
+            "--env.rollout_server_url", api.url, "--env.total_steps", "100", "--env.steps_per_eval", "-1",
+            "--env.group_size", "4", "--env.max_token_length", "64", "--env.use_wandb", "false",
+            "--env.ensure_scores_are_not_same", "false", "--env.spool_dir", str(tmp_path / "spool"),
+            "--env.train_file", str(data / "train.jsonl"), "--env.test_file", str(data / "test.jsonl"),
+            "--env.tokenizer_name", str(model_dir), "--openai.base_url", f"http://127.0.0.1:{vllm_port}/v1",
+            "--openai.model_name", str(model_dir), "--openai.server_type", "vllm",
+            "--openai.tokenizer_name", str(model_dir), "--openai.api_key", "x"]
+
+
+def trainer_command(api: ApiProcess, vllm_port: int, model_dir: Path, tmp_path: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-u", "-m", "example_trainer.grpo", "--model-name", str(model_dir),
+            "--training-steps", "3", "--batch-size", "4", "--gradient-accumulation-steps", "2",
+            "--seq-len", "512", "--max-model-len", "1024", "--optimizer", "adamw", "--lr", "1e-5",
+            "--vllm-port", str(vllm_port), "--atropos-url", api.url, "--save-path", str(tmp_path / "checkpoints"),
+            "--log-dir", str(tmp_path / "logs"), *extra]
+
+
+@pytest.fixture
+def api(tmp_path: Path) -> Iterator[ApiProcess]:
+    with ApiProcess(tmp_path / "state") as server:
+        yield server
+
+
+def stop(process: subprocess.Popen[bytes], timeout: float = 120) -> int:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+    return process.wait(timeout)
+
+
+def test_three_steps_of_grpo_restart_vllm_on_each_checkpoint(api: ApiProcess, real_model_dir: Path,
+                                                             gsm8k_data: Path, tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    vllm_port = free_port()
+    probe_ids = AutoTokenizer.from_pretrained(real_model_dir).encode(PROBE)
+    trainer_log, env_log = tmp_path / "trainer.log", tmp_path / "env.log"
+    command = trainer_command(api, vllm_port, real_model_dir, tmp_path, "--weight-bridge-mode", "none",
+                              "--vllm-restart-interval", "1")
+    with open(trainer_log, "wb") as tlog, open(env_log, "wb") as elog, ServedLogprobs(vllm_port, probe_ids) as served:
+        trainer = subprocess.Popen(command, cwd=tmp_path, stdout=tlog, stderr=subprocess.STDOUT)
+        env = subprocess.Popen(environment_command(api, vllm_port, real_model_dir, gsm8k_data, tmp_path),
+                               cwd=tmp_path, stdout=elog, stderr=subprocess.STDOUT)
+        try:
+            returncode = trainer.wait(1200)
+        finally:
+            stop(trainer)
+            stop(env)
+    log = trainer_log.read_text(errors="replace")
+    assert returncode == 0, log[-4000:] + env_log.read_text(errors="replace")[-2000:]
+    checkpoints = tmp_path / "checkpoints"
+    for name in ("step_1", "step_2", "step_3", "final_model"):
+        assert (checkpoints / name / "model.safetensors").exists(), name
+        assert (checkpoints / name / "trainer_state.json").exists(), name
+    status = httpx.get(api.url + "/status").json()
+    assert status["current_step"] == 3
+    assert status.get("leased_batches", 0) == 0  # prefetched, untrained batches went back
+    assert len(served.seen) >= 2, f"vLLM served the same logprobs throughout: {log[-3000:]}"
+    assert log.count("vLLM now serves") == 2  # after steps 1 and 2; the last step ends the run
+    assert not processes_mentioning("vllm_api_server", str(vllm_port))
+
+
+def test_sigterm_stops_the_trainer_and_its_vllm(api: ApiProcess, real_model_dir: Path, tmp_path: Path) -> None:
+    vllm_port = free_port()
+    command = trainer_command(api, vllm_port, real_model_dir, tmp_path, "--weight-bridge-mode", "reload")
+    trainer = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert trainer.stdout is not None
+        for line in trainer.stdout:  # no environment runs: the trainer waits for batches with vLLM up
+            if line.startswith("vLLM ready"):
+                break
+        assert processes_mentioning("vllm_api_server", str(vllm_port))
+        trainer.send_signal(signal.SIGTERM)
+        assert trainer.wait(120) == 128 + signal.SIGTERM
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+    deadline = time.monotonic() + 30
+    while processes_mentioning("vllm_api_server", str(vllm_port)) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not processes_mentioning("vllm_api_server", str(vllm_port))

@@ -1,0 +1,137 @@
+"""The training loop against a real `run-api`, on a tiny model, with vLLM replaced by a
+recording stand-in: batches acknowledged after their step, syncs and checkpoints on
+schedule, resume continues the step count."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import pytest
+
+from example_trainer import trainers
+from example_trainer.config import TrainingConfig
+from example_trainer.weight_sync import WeightSync
+from tests.conftest import group
+from tests.helpers import ApiProcess
+
+torch = pytest.importorskip("torch")
+
+
+class RecordingSync(WeightSync):
+    """Stands in for vLLM: records the weights it is given."""
+
+    def __init__(self, config: TrainingConfig) -> None:
+        super().__init__(config, None)
+        self.events: list[tuple[str, str]] = []
+
+    def start(self, weights: str) -> float:
+        self.events.append(("start", weights))
+        return 0.0
+
+    def publish(self, checkpoint: str, step: int) -> float:
+        self.events.append(("publish", Path(checkpoint).name))
+        return 0.0
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path) -> Path:
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    folder = tmp_path_factory.mktemp("tiny-model")
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture
+def api(tmp_path: Path) -> Iterator[ApiProcess]:
+    with ApiProcess(tmp_path / "state", "--no-registration-gate") as server:
+        yield server
+
+
+@pytest.fixture
+def recorded(monkeypatch: pytest.MonkeyPatch) -> list[RecordingSync]:
+    made: list[RecordingSync] = []
+
+    def make(config: TrainingConfig) -> RecordingSync:
+        made.append(RecordingSync(config))
+        return made[-1]
+
+    monkeypatch.setattr(trainers, "make_weight_sync", make)
+    return made
+
+
+def post_groups(api: ApiProcess, count: int) -> None:
+    for index in range(count):
+        body = group(size=4, length=8, score=0.0, scores=[1.0, 0.0, 0.5, -1.0][index % 4:] + [0.0] * (index % 4))
+        httpx.post(api.url + "/scored_data", json=body).raise_for_status()
+
+
+def config_for(api: ApiProcess, model: Path, tmp_path: Path, **fields: object) -> TrainingConfig:
+    settings: dict[str, object] = dict(
+        model_name=str(model), atropos_url=api.url, save_path=str(tmp_path / "checkpoints"),
+        log_dir=str(tmp_path / "logs"), training_steps=3, batch_size=2, gradient_accumulation_steps=2,
+        seq_len=64, optimizer="adamw", lr=1e-3, device="cpu", vllm_restart_interval=2, checkpoint_interval=0,
+        max_prefetch_batches=2)
+    settings.update(fields)
+    return TrainingConfig(**settings)
+
+
+def test_the_loop_acks_each_batch_after_its_step_and_syncs_on_schedule(
+        api: ApiProcess, tiny_model: Path, tmp_path: Path, recorded: list[RecordingSync]) -> None:
+    post_groups(api, 5)
+    trainers.train(config_for(api, tiny_model, tmp_path))
+    status = httpx.get(api.url + "/status").json()
+    assert status["current_step"] == 3
+    assert status.get("leased_batches", 0) == 0  # the prefetched batch went back to the queue
+    checkpoints = tmp_path / "checkpoints"
+    assert sorted(path.name for path in checkpoints.iterdir()) == ["final_model", "step_2", "step_3"]
+    assert recorded[0].events == [("start", str(tiny_model)), ("publish", "step_2")]
+    state = json.loads((checkpoints / "step_2" / "trainer_state.json").read_text())
+    assert state["step"] == 2
+    from safetensors.torch import load_file
+
+    before = load_file(tiny_model / "model.safetensors")
+    after = load_file(checkpoints / "final_model" / "model.safetensors")
+    assert any(not torch.equal(before[name], after[name]) for name in before)
+
+
+def test_resume_continues_from_the_checkpoint_step(api: ApiProcess, tiny_model: Path, tmp_path: Path,
+                                                   recorded: list[RecordingSync]) -> None:
+    post_groups(api, 4)
+    trainers.train(config_for(api, tiny_model, tmp_path, training_steps=2, vllm_restart_interval=1))
+    with ApiProcess(tmp_path / "state2", "--no-registration-gate") as fresh:
+        post_groups(fresh, 2)
+        resumed = config_for(fresh, tiny_model, tmp_path, resume_from=str(tmp_path / "checkpoints" / "step_2"))
+        trainers.train(resumed)
+        assert httpx.get(fresh.url + "/status").json()["current_step"] == 3
+    assert recorded[-1].events == [("start", str(tmp_path / "checkpoints" / "step_2"))]
+    assert json.loads((tmp_path / "checkpoints" / "step_3" / "trainer_state.json").read_text())["step"] == 3
+
+
+def test_a_checkpoint_already_at_the_last_step_is_an_error(api: ApiProcess, tiny_model: Path, tmp_path: Path,
+                                                           recorded: list[RecordingSync]) -> None:
+    post_groups(api, 2)
+    trainers.train(config_for(api, tiny_model, tmp_path, training_steps=1))
+    done = config_for(api, tiny_model, tmp_path, training_steps=1,
+                      resume_from=str(tmp_path / "checkpoints" / "step_1"))
+    with pytest.raises(trainers.TrainerError, match="already at --training-steps 1"):
+        trainers.train(done)
+
+
+def test_shared_vllm_without_a_gpu_exits_2_with_one_line(tiny_model: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from example_trainer.grpo import main
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(SystemExit) as stopped:
+        main(["--model-name", str(tiny_model), "--weight-bridge-mode", "shared_vllm", "--device", "cpu"])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.strip().count("\n") == 0
