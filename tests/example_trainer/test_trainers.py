@@ -15,6 +15,7 @@ from example_trainer import trainers
 from example_trainer.config import TrainingConfig
 from example_trainer.weight_sync import WeightSync
 from tests.conftest import group
+from tests.example_trainer.tiny_model import build_tiny_model
 from tests.helpers import ApiProcess
 
 torch = pytest.importorskip("torch")
@@ -38,16 +39,7 @@ class RecordingSync(WeightSync):
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path) -> Path:
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    folder = tmp_path_factory.mktemp("tiny-model")
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-model"), tokenizer_dir)
 
 
 @pytest.fixture
