@@ -6,6 +6,9 @@ On CPU machines the launch uses the settings that make vLLM's CPU build start qu
 use every core: ``--enforce-eager`` (no graph compilation at each start), a 1 GiB KV
 cache (2 GiB in float32), OpenMP threads bound to all cores, and the dtype the CPU is fast
 in (bfloat16 only with bf16 instructions, else float32: see `atroposlib.local.cpu`).
+The server program is stock vLLM's OpenAI server unless another entrypoint is given (the
+GRPO trainer launches its own, `example_trainer/vllm_api_server.py`, the same way); a port
+some other process already listens on is an error (`PortInUseError`), never taken over.
 ``VLLM_SERVER_DEV_MODE=1`` is set so a trainer can swap in new weights (``/collective_rpc``
 ``reload_weights``). The server runs in a process group of its own, stopped as a whole on
 `stop`, on SIGINT, SIGTERM or SIGHUP to the wrapper, and (Linux) when the wrapper dies.
@@ -16,12 +19,13 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 import httpx
 
@@ -29,22 +33,37 @@ from atroposlib.local.cpu import DTYPES, Dtype, DtypeChoice, choose_dtype, read_
 from atroposlib.local.help_format import DefaultsHelpFormatter
 from atroposlib.local.paths import atropos_home
 from atroposlib.local.prepare_model import ModelPreparationError, prepare_model
-from atroposlib.local.runtime import Runtime
+from atroposlib.local.runtime import Runtime, has_nvidia_gpu
 from atroposlib.local.signals import stop_signals_raise
 
 DEFAULT_SERVED_NAME = "smollm2"
+STOCK_ENTRYPOINT = ("-m", "vllm.entrypoints.openai.api_server")
 
 
 class VLLMStartError(RuntimeError):
     """The vLLM server exited or did not become healthy in time."""
 
 
-def _free_port() -> int:
-    import socket
+class PortInUseError(VLLMStartError):
+    """Another process already listens on the port the server was to use."""
 
+
+def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def port_in_use(port: int) -> bool:
+    """Whether something listens on `port` of the loopback interface (or of all interfaces)."""
+    with socket.socket() as sock:
+        # a closed connection's TIME_WAIT does not count as in use
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
 
 
 def _die_with_parent() -> None:
@@ -62,12 +81,17 @@ class LocalVLLM:
     """One vLLM server process; a context manager that always stops it.
 
     ``dtype="auto"`` picks the dtype from the CPU (or leaves it to vLLM on a GPU); the
-    choice and the reason for it are in `self.dtype`.
+    choice and the reason for it are in `self.dtype`. `python` runs the server instead of
+    the runtime's interpreter (any python where vLLM imports), `entrypoint` names the
+    program (``-m module`` or a script path), `environ` adds to the server's environment
+    and `enforce_eager=False` lets vLLM compile graphs (slower starts, faster on a GPU).
     """
 
     def __init__(self, model_dir: Path, port: Optional[int] = None, served_name: str = DEFAULT_SERVED_NAME,
                  max_model_len: int = 2048, runtime: Optional[Runtime] = None, extra_args: tuple[str, ...] = (),
-                 log_path: Optional[Path] = None, dtype: Dtype = "auto") -> None:
+                 log_path: Optional[Path] = None, dtype: Dtype = "auto", *, python: Optional[Path] = None,
+                 entrypoint: Sequence[str] = STOCK_ENTRYPOINT, environ: Optional[Mapping[str, str]] = None,
+                 enforce_eager: bool = True) -> None:
         self.model_dir = Path(model_dir)
         self.port = port or _free_port()
         self.served_name = served_name
@@ -75,26 +99,37 @@ class LocalVLLM:
         self.runtime = runtime or Runtime()
         self.extra_args = extra_args
         self.log_path = log_path or atropos_home() / "logs" / f"vllm-{self.port}.log"
+        self.python = Path(python) if python is not None else self.runtime.python
+        self.entrypoint = tuple(entrypoint)
+        self.environ = dict(environ or {})
+        self.enforce_eager = enforce_eager
         self.process: Optional[subprocess.Popen[bytes]] = None
         self._stopped = False
+        self.gpu = self._on_gpu()
+        self.dtype: DtypeChoice = choose_dtype(read_cpu().flags, dtype, gpu=self.gpu)
+
+    def _on_gpu(self) -> bool:
+        """Whether the server runs vLLM's GPU build: the runtime says so, or (for another
+        python) an NVIDIA GPU is present."""
+        if self.python != self.runtime.python:
+            return has_nvidia_gpu()
         info = self.runtime.info()
-        self.dtype: DtypeChoice = choose_dtype(read_cpu().flags, dtype, gpu=info is not None and info.device == "gpu")
+        return info is not None and info.device == "gpu"
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
 
     def command(self) -> list[str]:
-        return [str(self.runtime.python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model_dir),
+        return [str(self.python), *self.entrypoint, "--model", str(self.model_dir),
                 "--served-model-name", self.served_name, "--host", "127.0.0.1", "--port", str(self.port),
-                "--dtype", self.dtype.dtype, "--max-model-len", str(self.max_model_len), "--enforce-eager",
-                *self.extra_args]
+                "--dtype", self.dtype.dtype, "--max-model-len", str(self.max_model_len),
+                *(["--enforce-eager"] if self.enforce_eager else []), *self.extra_args]
 
     def environment(self) -> dict[str, str]:
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_SERVER_DEV_MODE": "1",
-               "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
-        info = self.runtime.info()
-        if info is None or info.device == "cpu":
+               "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", **self.environ}
+        if not self.gpu:
             cores = os.cpu_count() or 1
             # float32 halves the tokens a GiB of KV cache holds: 2 GiB keep the default job's
             # 64 sequences in memory at once
@@ -103,10 +138,15 @@ class LocalVLLM:
         return env
 
     def start(self, timeout: float = 300.0) -> "LocalVLLM":
-        if not self.runtime.python.exists():
+        if self.python == self.runtime.python and not self.python.exists():
             raise VLLMStartError(f"no vLLM runtime at {self.runtime.path}: run `atropos-vllm install`")
+        if not self.python.exists():
+            raise VLLMStartError(f"no python at {self.python}")
         if not (self.model_dir / "config.json").exists():
             raise VLLMStartError(f"{self.model_dir} is not a model folder: run `atropos-prepare-model`")
+        if port_in_use(self.port):
+            raise PortInUseError(f"port {self.port} is already in use by another process: stop it or choose "
+                                 "another port (it is never stopped for you)")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._stopped = False
         # started from another thread, the server would die when that thread ends
