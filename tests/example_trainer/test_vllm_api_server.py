@@ -1,0 +1,170 @@
+"""The bundled vLLM server (`example_trainer/vllm_api_server.py`), run by the vLLM runtime's python.
+
+Its route checks against a fake engine and Atropos 0.4.0's own test of ``/generate`` run in
+the runtime with pytest (installed once, beside the runtime rather than into it). The real
+engine (CPU build, the bundled SmolLM2 in float32) is started once for this module, through
+the trainer's launcher: token ids, logprobs and prompt logprobs, the environments' client
+(`VLLMServer` behind a `ServerManager`, as ``server_type: vllm`` uses it), and weights
+swapped in place changing what it serves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.metadata
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+import pytest
+import transformers
+
+from atroposlib.envs.server_handling.configs import APIServerConfig
+from atroposlib.envs.server_handling.server_manager import ServerManager
+from atroposlib.local.paths import atropos_home
+from atroposlib.local.runtime import Runtime
+from example_trainer.config import TrainingConfig
+from example_trainer.vllm_manager import TrainerVLLM
+from tests.helpers import free_port
+from tests.local.conftest import ROOT, installed_runtime
+from tests.reference_tests import copy_reference_tests, reference_tests_dir, run_reference_tests
+
+pytestmark = [pytest.mark.real_vllm, pytest.mark.slow]
+RUNTIME_CHECKS = Path(__file__).with_name("vllm_api_server_in_runtime.py")
+# the versions this venv's pytest runs with, installed beside the runtime for the in-runtime tests
+RUNTIME_TEST_TOOLS = ("pytest", "pluggy", "iniconfig", "pytest-asyncio")
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def runtime_test_tools(runtime: Runtime) -> Path:
+    """A folder (for PYTHONPATH) with pytest and pytest-asyncio for the runtime's python; the
+    runtime itself stays as `atropos-vllm install` made it."""
+    folder = atropos_home() / "runtime-test-tools"
+    if not (folder / "pytest_asyncio").is_dir():
+        staging = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
+        pins = [f"{name}=={importlib.metadata.version(name)}" for name in RUNTIME_TEST_TOOLS]
+        subprocess.run([str(runtime.python), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                        "--no-deps", "--target", str(staging), *pins], check=True)
+        try:
+            staging.rename(folder)
+        except OSError:  # another test run installed it meanwhile
+            shutil.rmtree(staging)
+    return folder
+
+
+def _run_in_runtime(package: Path) -> None:
+    runtime = installed_runtime()
+    pythonpath = f"{runtime_test_tools(runtime)}{os.pathsep}{ROOT}"
+    result = run_reference_tests(package, python=runtime.python, env={"PYTHONPATH": pythonpath})
+    assert not result.failed and result.passed and not result.skipped, f"{result.summary()}\n{result.output}"
+
+
+def test_route_checks_pass_in_the_runtime(tmp_path: Path) -> None:
+    package = tmp_path / "reftests"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    shutil.copy(RUNTIME_CHECKS, package / "test_vllm_api_server_routes.py")
+    _run_in_runtime(package)
+
+
+def test_atroposs_own_generate_test_passes_in_the_runtime(tmp_path: Path) -> None:
+    source = reference_tests_dir()
+    if source is None:
+        pytest.skip("reference atroposlib 0.4.0 not installed (bench/setup_reference.sh)")
+    _run_in_runtime(copy_reference_tests(source, ["test_vllm_api_server_generate.py"], tmp_path))
+
+
+@pytest.fixture(scope="module")
+def served(real_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TrainerVLLM]:
+    config = TrainingConfig(model_name="smollm2", dtype="float32", vllm_port=free_port(), max_model_len=1024,
+                            vllm_python=str(installed_runtime().python))
+    with TrainerVLLM(config, tmp_path_factory.mktemp("vllm") / "vllm.log") as manager:
+        manager.start(str(real_model_dir))
+        yield manager
+
+
+def _generate(manager: TrainerVLLM, **body: Any) -> dict[str, Any]:
+    response = httpx.post(f"http://127.0.0.1:{manager.port}/generate", json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def _prompt_ids(model_dir: Path) -> list[int]:
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    return list(tokenizer.apply_chat_template(QUESTION, add_generation_prompt=True, tokenize=True, return_dict=True)
+                ["input_ids"])
+
+
+def test_generate_returns_token_ids_logprobs_and_prompt_logprobs(served: TrainerVLLM, real_model_dir: Path) -> None:
+    ids = _prompt_ids(real_model_dir)
+    answer = _generate(served, prompt={"prompt_token_ids": ids}, max_tokens=6, temperature=1.0, seed=3, n=2,
+                       logprobs=0, prompt_logprobs=1)
+    assert answer["prompt_token_ids"] == ids and len(answer["text"]) == 2
+    for tokens, positions in zip(answer["token_ids"], answer["logprobs"]):
+        assert 0 < len(tokens) <= 6 and len(positions) == len(tokens)
+        assert all(list(position[0]) == [str(token)] and position[0][str(token)] <= 0
+                   for token, position in zip(tokens, positions))
+    prompt_logprobs = answer["prompt_logprobs"]
+    assert len(prompt_logprobs) == len(ids) and prompt_logprobs[0] is None
+    assert all(str(token) in position for token, position in zip(ids[1:], prompt_logprobs[1:]))
+    assert httpx.get(f"http://127.0.0.1:{served.port}/health_generate", timeout=60).status_code == 200
+
+
+def test_environments_client_samples_and_rescores_through_generate(served: TrainerVLLM, real_model_dir: Path) -> None:
+    config = APIServerConfig(base_url=served.base_url, model_name="smollm2", server_type="vllm",
+                             tokenizer_name=str(real_model_dir), timeout=120)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(real_model_dir)
+
+    async def scenario() -> tuple[Any, Any, list[Any]]:
+        manager = ServerManager(configs=[config])
+        try:
+            ids, outputs, logprobs, reasons = await manager.tokens_and_logprobs_completion(
+                input_ids=_prompt_ids(real_model_dir), max_tokens=8, temperature=0.0)
+            rescored = await manager.get_logprobs(input_ids=ids + outputs[0], top_k=1)
+            async with manager.managed_server(tokenizer=tokenizer) as managed:
+                await managed.chat_completion(messages=QUESTION, n=2, max_tokens=8, temperature=1.0)
+                nodes = managed.get_state()["nodes"]
+        finally:
+            await manager.close()
+        return (ids, outputs, logprobs, reasons), rescored, nodes
+
+    (ids, outputs, logprobs, reasons), rescored, nodes = asyncio.run(scenario())
+    assert len(outputs[0]) == len(logprobs[0]) > 0 and reasons[0] in ("stop", "length")
+    for position, (token, sampled) in enumerate(zip(outputs[0], logprobs[0]), start=len(ids)):
+        assert rescored["prompt_topk_token_ids"][position] == [token]  # greedy: the best token
+        assert rescored["prompt_topk_logprobs"][position][0] == pytest.approx(sampled, abs=0.05)
+    assert len(nodes) == 2 and all(len(node.logprobs) == len(node.tokens) for node in nodes)
+
+
+def _scaled_final_norm(model_dir: Path, out: Path) -> Path:
+    """A copy of the model whose final norm weights are doubled (sharper next-token distributions)."""
+    from safetensors.torch import load_file, save_file
+
+    out.mkdir()
+    for item in model_dir.iterdir():
+        if item.suffix != ".safetensors":
+            shutil.copy(item, out / item.name)
+    for weights in model_dir.glob("*.safetensors"):
+        tensors = load_file(weights)
+        tensors["model.norm.weight"] = tensors["model.norm.weight"] * 2
+        save_file(tensors, out / weights.name, metadata={"format": "pt"})
+    return out
+
+
+def test_reloaded_weights_change_what_is_served_and_reload_back(
+        served: TrainerVLLM, real_model_dir: Path, tmp_path: Path) -> None:
+    ids = _prompt_ids(real_model_dir)
+
+    def scores() -> list[float]:
+        answer = _generate(served, prompt={"prompt_token_ids": ids}, max_tokens=1, temperature=0.0, prompt_logprobs=0)
+        return [position[str(token)] for token, position in zip(ids[1:], answer["prompt_logprobs"][1:])]
+
+    before = scores()
+    assert served.reload_weights(str(_scaled_final_norm(real_model_dir, tmp_path / "scaled"))) > 0
+    changed = scores()
+    assert max(abs(a - b) for a, b in zip(before, changed)) > 0.1
+    served.reload_weights(str(real_model_dir))
+    assert scores() == pytest.approx(before, abs=1e-3)
