@@ -1,0 +1,207 @@
+"""The trainer's own vLLM server: the python that runs it, starting it on a model or a
+checkpoint, swapping new weights or LoRA adapters into it, and stopping it.
+
+The server is the bundled `vllm_api_server.py`, launched through
+`atroposlib.local.vllm_service.LocalVLLM`: in a process group of its own, which `stop`
+ends as a whole (SIGTERM, SIGKILL after a grace period, then a wait) and nothing else.
+A port that some other process already listens on is `PortInUseError`: the trainer never
+stops processes it did not start. The python is, in this order, ``--vllm-python``, the
+trainer's own interpreter when vLLM imports there (a GPU machine with vllm installed), or
+the runtime ``atropos-vllm install`` made (a CPU machine, where vLLM cannot share the
+trainer's environment).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional
+
+import httpx
+
+from atroposlib.local.runtime import Runtime
+from atroposlib.local.vllm_service import LocalVLLM, PortInUseError, VLLMStartError
+
+if TYPE_CHECKING:
+    from example_trainer.config import TrainingConfig
+
+__all__ = ["PortInUseError", "TrainerVLLM", "VLLMPythonNotFoundError", "VLLMRequestError", "VLLMStartError",
+           "check_vllm_health", "hotswap_lora_adapter", "resolve_vllm_python", "wait_for_vllm_ready"]
+
+SERVER_SCRIPT = Path(__file__).resolve().with_name("vllm_api_server.py")
+# the ranks vLLM accepts for --max-lora-rank
+VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
+ADAPTER_NAME = "training_adapter"
+
+
+class VLLMPythonNotFoundError(RuntimeError):
+    """No python interpreter that can run vLLM was found."""
+
+
+class VLLMRequestError(RuntimeError):
+    """The trainer's vLLM server refused or failed a request."""
+
+
+def _vllm_importable() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
+def resolve_vllm_python(config: "TrainingConfig") -> Path:
+    """The interpreter that runs the server: ``config.vllm_python``, else this one when vLLM
+    imports here, else the ``atropos-vllm install`` runtime's."""
+    if config.vllm_python:
+        python = Path(config.vllm_python)
+        if not python.exists():
+            raise VLLMPythonNotFoundError(f"--vllm-python {python}: no such file")
+        return python
+    if _vllm_importable():
+        return Path(sys.executable)
+    runtime = Runtime()
+    if runtime.is_installed():
+        return runtime.python
+    raise VLLMPythonNotFoundError(
+        "no python with vLLM: pass --vllm-python PATH, install vllm into this environment (GPU machines), "
+        f"or run `atropos-vllm install` (a CPU runtime in {runtime.path})")
+
+
+def _lora_rank(r: int) -> int:
+    wanted = max(2 * r, 32)
+    return next((rank for rank in VLLM_LORA_RANKS if rank >= wanted), VLLM_LORA_RANKS[-1])
+
+
+def _root(port: int) -> str:
+    return f"http://127.0.0.1:{port}"
+
+
+def _checked(response: httpx.Response, what: str) -> dict[str, Any]:
+    if response.status_code >= 400:
+        try:
+            detail = response.json().get("detail", response.text)
+        except ValueError:
+            detail = response.text
+        raise VLLMRequestError(f"{what} failed ({response.status_code}): {detail}")
+    return response.json() if response.content else {}
+
+
+def _load_adapter(port: int, name: str, path: str, timeout: float = 300.0) -> None:
+    """vLLM's own ``/v1/load_lora_adapter`` when the server has it, else the bundled ``/lora/load``."""
+    with httpx.Client(timeout=timeout) as client:
+        response = client.post(f"{_root(port)}/v1/load_lora_adapter", json={"lora_name": name, "lora_path": path})
+        if response.status_code == 404:
+            response = client.post(f"{_root(port)}/lora/load", json={"adapter_path": path, "adapter_name": name})
+        _checked(response, f"loading adapter {path}")
+
+
+def check_vllm_health(port: int) -> bool:
+    try:
+        return httpx.get(f"{_root(port)}/health", timeout=5.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def wait_for_vllm_ready(port: int, timeout: float = 120.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check_vllm_health(port):
+            return True
+        time.sleep(1.0)
+    return False
+
+
+def hotswap_lora_adapter(adapter_name: str, adapter_path: str, port: int) -> bool:
+    """Make the server on `port` sample with the adapter in `adapter_path`; False (and the
+    reason printed) when it could not."""
+    try:
+        _load_adapter(port, adapter_name, adapter_path)
+    except (VLLMRequestError, httpx.HTTPError) as exc:
+        print(f"could not hot-swap adapter {adapter_path}: {exc}", flush=True)
+        return False
+    return True
+
+
+class TrainerVLLM:
+    """The vLLM server one training run starts, restarts and stops; a context manager that
+    always stops it. ``start`` and friends return the seconds they took."""
+
+    def __init__(self, config: "TrainingConfig", log_path: Path) -> None:
+        self.config = config
+        self.log_path = Path(log_path)
+        self.python = resolve_vllm_python(config)
+        self.dtype = config.resolved_dtype()
+        self.server: Optional[LocalVLLM] = None
+        self.model_path: Optional[str] = None
+
+    @property
+    def port(self) -> int:
+        return self.config.vllm_port
+
+    @property
+    def base_url(self) -> str:
+        return f"{_root(self.port)}/v1"
+
+    def _lora_args(self, adapter: Optional[str]) -> tuple[str, ...]:
+        if adapter is None and self.config.weight_bridge_mode not in ("lora_only", "lora_restart"):
+            return ()
+        return ("--enable-lora", "--max-lora-rank", str(_lora_rank(self.config.lora_r)))
+
+    def server_for(self, model_path: str, adapter: Optional[str] = None) -> LocalVLLM:
+        """The launcher for the bundled server on `model_path` (not started)."""
+        environ = {} if self.config.vllm_gpu is None else {"CUDA_VISIBLE_DEVICES": str(self.config.vllm_gpu)}
+        server = LocalVLLM(Path(model_path), port=self.port, served_name=self.config.model_name,
+                           max_model_len=self.config.max_model_len, extra_args=self._lora_args(adapter),
+                           log_path=self.log_path, dtype=self.dtype.dtype, python=self.python,
+                           entrypoint=(str(SERVER_SCRIPT),), environ=environ)
+        if server.gpu:
+            # on a CPU this flag would reserve that fraction of RAM for vLLM's KV cache
+            server.extra_args += ("--gpu-memory-utilization", str(self.config.vllm_gpu_memory_utilization))
+            # frequent restarts pay CUDA-graph capture once each but generate faster in between
+            server.enforce_eager = self.config.weight_bridge_mode != "lora_restart"
+        return server
+
+    def start(self, model_path: str, *, adapter: Optional[str] = None, timeout: float = 600.0) -> float:
+        """Launch the server on `model_path` (and activate `adapter`) once it answers /health."""
+        if self.is_running():
+            raise VLLMStartError(f"the trainer's vLLM already runs on port {self.port}")
+        started = time.monotonic()
+        server = self.server_for(model_path, adapter)
+        server.start(timeout)
+        self.server, self.model_path = server, model_path
+        if adapter is not None:
+            self.load_lora_adapter(ADAPTER_NAME, adapter)
+        return time.monotonic() - started
+
+    def stop(self, grace: float = 20.0) -> None:
+        """End the server's process group (SIGTERM, then SIGKILL after `grace` seconds) and wait."""
+        if self.server is not None:
+            self.server.stop(grace)
+            self.server = None
+
+    def restart(self, model_path: str, *, adapter: Optional[str] = None, timeout: float = 600.0) -> float:
+        started = time.monotonic()
+        self.stop()
+        self.start(model_path, adapter=adapter, timeout=timeout)
+        return time.monotonic() - started
+
+    def reload_weights(self, weights_dir: str, timeout: float = 600.0) -> float:
+        """Swap in the weights saved in `weights_dir` (same architecture) without a restart."""
+        started = time.monotonic()
+        response = httpx.post(f"{_root(self.port)}/reload_weights", json={"weights_path": str(weights_dir)},
+                              timeout=timeout)
+        _checked(response, f"reloading weights from {weights_dir}")
+        return time.monotonic() - started
+
+    def load_lora_adapter(self, name: str, path: str) -> float:
+        started = time.monotonic()
+        _load_adapter(self.port, name, path)
+        return time.monotonic() - started
+
+    def is_running(self) -> bool:
+        return self.server is not None and self.server.process is not None and self.server.process.poll() is None
+
+    def __enter__(self) -> "TrainerVLLM":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.stop()
