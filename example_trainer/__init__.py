@@ -9,16 +9,25 @@ bundled `vllm_api_server`. Importing `atroposlib` never imports this package (to
 extra).
 """
 
-from example_trainer.cli import config_from_args, parse_args
-from example_trainer.config import TrainingConfig
-from example_trainer.trainers import train_legacy, train_lora, train_lora_restart, train_shared_vllm
+from importlib import import_module
+from typing import Any
 
-__all__ = [
-    "TrainingConfig",
-    "train_legacy",
-    "train_shared_vllm",
-    "train_lora",
-    "train_lora_restart",
-    "parse_args",
-    "config_from_args",
-]
+# Where each public name lives. They are imported on first use, so that importing one part
+# (the bundled vLLM server runs inside vLLM's own runtime, which has no torch-side
+# dependencies of the trainer) does not import the whole trainer.
+_EXPORTS = {
+    "TrainingConfig": "example_trainer.config",
+    "train_legacy": "example_trainer.trainers",
+    "train_shared_vllm": "example_trainer.trainers",
+    "train_lora": "example_trainer.trainers",
+    "train_lora_restart": "example_trainer.trainers",
+    "parse_args": "example_trainer.cli",
+    "config_from_args": "example_trainer.cli",
+}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'example_trainer' has no attribute {name!r}")
+    return getattr(import_module(_EXPORTS[name]), name)
