@@ -1,6 +1,7 @@
-"""The whole RL loop on a CPU, as a user runs it: `run-api`, the GSM8K environment in ``serve``
-mode sampling from the trainer's vLLM (``server_type: vllm``), and `atropos-grpo` restarting
-vLLM on a new checkpoint after every step."""
+"""The whole RL loop on a CPU, as a user runs it: `run-api`, an environment in ``serve`` mode
+sampling from the trainer's vLLM (``server_type: vllm``), and `atropos-grpo` restarting vLLM
+on a new checkpoint after every step. The environment is brevity (shorter answers score
+higher), whose groups have unequal scores from the start, so every step changes the weights."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Iterator, Optional
 
@@ -71,12 +71,10 @@ def processes_mentioning(*needles: str) -> list[str]:
     return found
 
 
-def environment_command(api: ApiProcess, vllm_port: int, model_dir: Path, data: Path, tmp_path: Path) -> list[str]:
-    return [sys.executable, str(ROOT / "environments" / "gsm8k_server.py"), "serve",
-            "--env.rollout_server_url", api.url, "--env.total_steps", "100", "--env.steps_per_eval", "-1",
-            "--env.group_size", "4", "--env.max_token_length", "64", "--env.use_wandb", "false",
-            "--env.ensure_scores_are_not_same", "false", "--env.spool_dir", str(tmp_path / "spool"),
-            "--env.train_file", str(data / "train.jsonl"), "--env.test_file", str(data / "test.jsonl"),
+def environment_command(api: ApiProcess, vllm_port: int, model_dir: Path, tmp_path: Path) -> list[str]:
+    return [sys.executable, str(ROOT / "environments" / "brevity_env.py"), "serve",
+            "--env.rollout_server_url", api.url, "--env.group_size", "4", "--env.max_token_length", "32",
+            "--env.max_num_workers", "2", "--env.spool_dir", str(tmp_path / "spool"),
             "--env.tokenizer_name", str(model_dir), "--openai.base_url", f"http://127.0.0.1:{vllm_port}/v1",
             "--openai.model_name", str(model_dir), "--openai.server_type", "vllm",
             "--openai.tokenizer_name", str(model_dir), "--openai.api_key", "x"]
@@ -85,7 +83,7 @@ def environment_command(api: ApiProcess, vllm_port: int, model_dir: Path, data: 
 def trainer_command(api: ApiProcess, vllm_port: int, model_dir: Path, tmp_path: Path, *extra: str) -> list[str]:
     return [sys.executable, "-u", "-m", "example_trainer.grpo", "--model-name", str(model_dir),
             "--training-steps", "3", "--batch-size", "4", "--gradient-accumulation-steps", "2",
-            "--seq-len", "512", "--max-model-len", "1024", "--optimizer", "adamw", "--lr", "1e-5",
+            "--seq-len", "512", "--max-model-len", "1024", "--optimizer", "adamw", "--lr", "1e-4",
             "--vllm-port", str(vllm_port), "--atropos-url", api.url, "--save-path", str(tmp_path / "checkpoints"),
             "--log-dir", str(tmp_path / "logs"), *extra]
 
@@ -103,7 +101,7 @@ def stop(process: subprocess.Popen[bytes], timeout: float = 120) -> int:
 
 
 def test_three_steps_of_grpo_restart_vllm_on_each_checkpoint(api: ApiProcess, real_model_dir: Path,
-                                                             gsm8k_data: Path, tmp_path: Path) -> None:
+                                                             tmp_path: Path) -> None:
     from transformers import AutoTokenizer
 
     vllm_port = free_port()
@@ -113,7 +111,7 @@ def test_three_steps_of_grpo_restart_vllm_on_each_checkpoint(api: ApiProcess, re
                               "--vllm-restart-interval", "1")
     with open(trainer_log, "wb") as tlog, open(env_log, "wb") as elog, ServedLogprobs(vllm_port, probe_ids) as served:
         trainer = subprocess.Popen(command, cwd=tmp_path, stdout=tlog, stderr=subprocess.STDOUT)
-        env = subprocess.Popen(environment_command(api, vllm_port, real_model_dir, gsm8k_data, tmp_path),
+        env = subprocess.Popen(environment_command(api, vllm_port, real_model_dir, tmp_path),
                                cwd=tmp_path, stdout=elog, stderr=subprocess.STDOUT)
         try:
             returncode = trainer.wait(1200)
@@ -131,25 +129,4 @@ def test_three_steps_of_grpo_restart_vllm_on_each_checkpoint(api: ApiProcess, re
     assert status.get("leased_batches", 0) == 0  # prefetched, untrained batches went back
     assert len(served.seen) >= 2, f"vLLM served the same logprobs throughout: {log[-3000:]}"
     assert log.count("vLLM now serves") == 2  # after steps 1 and 2; the last step ends the run
-    assert not processes_mentioning("vllm_api_server", str(vllm_port))
-
-
-def test_sigterm_stops_the_trainer_and_its_vllm(api: ApiProcess, real_model_dir: Path, tmp_path: Path) -> None:
-    vllm_port = free_port()
-    command = trainer_command(api, vllm_port, real_model_dir, tmp_path, "--weight-bridge-mode", "reload")
-    trainer = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        assert trainer.stdout is not None
-        for line in trainer.stdout:  # no environment runs: the trainer waits for batches with vLLM up
-            if line.startswith("vLLM ready"):
-                break
-        assert processes_mentioning("vllm_api_server", str(vllm_port))
-        trainer.send_signal(signal.SIGTERM)
-        assert trainer.wait(120) == 128 + signal.SIGTERM
-    finally:
-        if trainer.poll() is None:
-            trainer.kill()
-    deadline = time.monotonic() + 30
-    while processes_mentioning("vllm_api_server", str(vllm_port)) and time.monotonic() < deadline:
-        time.sleep(1)
     assert not processes_mentioning("vllm_api_server", str(vllm_port))

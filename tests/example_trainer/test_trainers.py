@@ -5,6 +5,10 @@ schedule, resume continues the step count."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Iterator
 
@@ -16,7 +20,8 @@ from example_trainer.config import TrainingConfig
 from example_trainer.weight_sync import WeightSync
 from tests.conftest import group
 from tests.example_trainer.tiny_model import build_tiny_model
-from tests.helpers import ApiProcess
+from tests.helpers import ApiProcess, free_port
+from tests.local.stand_ins import all_gone, killed_at_exit, recorded_pids, stand_in_runtime
 
 torch = pytest.importorskip("torch")
 
@@ -127,3 +132,24 @@ def test_shared_vllm_without_a_gpu_exits_2_with_one_line(tiny_model: Path, capsy
         main(["--model-name", str(tiny_model), "--weight-bridge-mode", "shared_vllm", "--device", "cpu"])
     assert stopped.value.code == 2
     assert capsys.readouterr().err.strip().count("\n") == 0
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_signal_ends_the_trainer_and_its_vllm(api: ApiProcess, tiny_model: Path, tmp_path: Path,
+                                                     signum: int) -> None:
+    pids = tmp_path / "pids"
+    command = [sys.executable, "-u", "-m", "example_trainer.grpo", "--model-name", str(tiny_model),
+               "--device", "cpu", "--optimizer", "adamw", "--atropos-url", api.url, "--vllm-port", str(free_port()),
+               "--vllm-python", str(stand_in_runtime(tmp_path).python), "--save-path", str(tmp_path / "checkpoints"),
+               "--log-dir", str(tmp_path / "logs"), "--weight-bridge-mode", "reload"]
+    trainer = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env={**os.environ, "STAND_IN_PIDS": str(pids)})
+    with killed_at_exit(trainer):
+        assert trainer.stdout is not None
+        for line in trainer.stdout:  # no environment runs: the trainer waits for batches, vLLM up
+            if line.startswith("vLLM ready"):
+                break
+        vllm_pids = recorded_pids(pids, 2)  # the server and its 'engine' child
+        trainer.send_signal(signum)
+        assert trainer.wait(60) == 128 + signum
+    all_gone(vllm_pids)
