@@ -11,8 +11,9 @@ batch is served again).
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
@@ -35,6 +36,20 @@ class GpuRequiredError(TrainerError):
     """The chosen mode needs an NVIDIA GPU and this machine has none."""
 
 
+@dataclass
+class Run:
+    """What the steps of one training run share."""
+
+    config: TrainingConfig
+    model: torch.nn.Module
+    tokenizer: Any
+    optimizer: torch.optim.Optimizer
+    sync: WeightSync
+    feed: BatchFeed
+    use_wandb: bool
+    timings: dict[str, list[float]] = field(default_factory=lambda: {"step_times": [], "sync_times": []})
+
+
 def train(config: TrainingConfig) -> None:
     """Train for ``config.training_steps`` optimizer steps, one API batch each."""
     announce(config)
@@ -47,43 +62,46 @@ def train(config: TrainingConfig) -> None:
     started = time.time()
     with make_weight_sync(config) as sync, BatchFeed(config.atropos_url, config.max_prefetch_batches,
                                                      config.lease_seconds) as feed:
-        initial = config.resume_from or config.model_name
-        if sync.saves_adapters:
-            initial = save(model, tokenizer, optimizer, config, sync, first_step)
+        run = Run(config, model, tokenizer, optimizer, sync, feed, use_wandb)
+        initial = save(run, first_step) if sync.saves_adapters else config.resume_from or config.model_name
         print(f"vLLM ready in {sync.start(initial):.1f} s")
         for step in range(first_step, config.training_steps):
-            train_step(model, tokenizer, optimizer, config, sync, feed, step, use_wandb)
-        final = save(model, tokenizer, optimizer, config, sync, config.training_steps, final=True)
-        print(f"final weights: {final}")
-    finalize_training(use_wandb, started, mode=config.weight_bridge_mode,
-                      total_steps=config.training_steps - first_step, benchmark=config.benchmark)
+            train_step(run, step)
+        print(f"final weights: {save(run, config.training_steps, final=True)}")
+    finalize_training(use_wandb, started, mode=config.weight_bridge_mode, total_steps=config.training_steps - first_step,
+                      benchmark_stats=run.timings, benchmark=config.benchmark)
 
 
-def train_step(model: torch.nn.Module, tokenizer: object, optimizer: torch.optim.Optimizer,
-               config: TrainingConfig, sync: WeightSync, feed: BatchFeed, step: int, use_wandb: bool) -> None:
+def train_step(run: Run, step: int) -> None:
     """One optimizer step on the next batch, then (on a sync step) the new weights to vLLM."""
+    config = run.config
     fetch_started = time.monotonic()
-    leased = feed.next()
+    leased = run.feed.next()
     batch = prepare_batch(leased.items, config.batch_size, use_env_advantages=config.use_env_advantages)
     data_fetch_time = time.monotonic() - fetch_started
     done = step + 1
     last = done == config.training_steps
     sync_step = done % max(config.vllm_restart_interval, 1) == 0 or last
-    sync.before_training(sync_step)
+    run.sync.before_training(sync_step)
     step_started = time.monotonic()
-    metrics = run_training_step(model, optimizer, batch, config, step)
+    metrics = run_training_step(run.model, run.optimizer, batch, config, step)
     step_time = time.monotonic() - step_started
     sync_time = 0.0
     if sync_step or checkpoint_due(config, done):
-        checkpoint = save(model, tokenizer, optimizer, config, sync, done)
+        checkpoint = save(run, done)
         # after the last step vLLM is about to stop: publishing would only delay the end
         if sync_step and not last:
-            sync_time = sync.publish(checkpoint, done)
+            sync_time = run.sync.publish(checkpoint, done)
             print(f"step {done}: vLLM now serves {checkpoint} ({sync_time:.1f} s)")
-    api_step = feed.ack(leased)
-    log_metrics(metrics, done, use_wandb, extra_metrics={
-        "train/step_time": step_time, "train/sync_time": sync_time, "train/data_fetch_time": data_fetch_time,
-        "train/sequences": batch.num_sequences, "train/api_step": api_step}, benchmark=config.benchmark)
+    api_step = run.feed.ack(leased)
+    run.timings["step_times"].append(step_time)
+    run.timings["sync_times"].append(sync_time)
+    scores = [score for item in leased.items for score in item["scores"]]
+    metrics.update(step_time=step_time, sync_time=sync_time, data_fetch_time=data_fetch_time,
+                   mean_score=sum(scores) / len(scores))
+    log_metrics(metrics, done, run.use_wandb, benchmark=config.benchmark, extra_metrics={
+        "train/batch_mean_score": metrics["mean_score"], "train/sequences": batch.num_sequences,
+        "train/api_step": api_step})
 
 
 def checkpoint_due(config: TrainingConfig, done: int) -> bool:
@@ -91,16 +109,16 @@ def checkpoint_due(config: TrainingConfig, done: int) -> bool:
     return config.checkpoint_interval > 0 and done % config.checkpoint_interval == 0
 
 
-def save(model: torch.nn.Module, tokenizer: object, optimizer: torch.optim.Optimizer, config: TrainingConfig,
-         sync: WeightSync, step: int, final: bool = False) -> str:
+def save(run: Run, step: int, final: bool = False) -> str:
     """The model (or its adapter, in the LoRA modes) with everything `resume` needs."""
+    config = run.config
     state = TrainerState(step=step, model_name=config.model_name, atropos_url=config.atropos_url,
                          weight_bridge_mode=config.weight_bridge_mode, dtype=config.resolved_dtype().dtype)
-    if sync.saves_adapters:
-        return save_lora_checkpoint(model, config.save_path, step, is_final=final, optimizer=optimizer,
+    if run.sync.saves_adapters:
+        return save_lora_checkpoint(run.model, config.save_path, step, is_final=final, optimizer=run.optimizer,
                                     state=state, keep_last_n=config.keep_last_n)
-    return save_checkpoint(model, tokenizer, config.save_path, step, is_final=final, optimizer=optimizer,
-                           state=state, keep_last_n=config.keep_last_n)
+    return save_checkpoint(run.model, run.tokenizer, config.save_path, step, is_final=final,
+                           optimizer=run.optimizer, state=state, keep_last_n=config.keep_last_n)
 
 
 def resume(config: TrainingConfig, optimizer: torch.optim.Optimizer) -> int:

@@ -284,9 +284,11 @@ def console_line(metrics: dict[str, Any], step: int, benchmark: bool = False) ->
              f"lr {metrics.get('lr', 0.0):.2e}", f"ratio {metrics.get('mean_ratio', 1.0):.3f}",
              f"clipped {100 * metrics.get('clipped_fraction', 0.0):.1f}%",
              f"advantages +{metrics.get('pos_count', 0)}/-{metrics.get('neg_count', 0)}",
-             f"logp +{metrics.get('pos_logp', 0.0):.3f} -{metrics.get('neg_logp', 0.0):.3f}"]
+             f"logp pos {metrics.get('pos_logp', 0.0):.3f} neg {metrics.get('neg_logp', 0.0):.3f}"]
+    if "mean_score" in metrics:
+        parts.append(f"batch score {metrics['mean_score']:+.3f}")
     if "step_time" in metrics:
-        parts.append(f"step {metrics['step_time']:.1f}s")
+        parts.append(f"took {metrics['step_time']:.1f}s")
     if benchmark:
         parts += [f"{label} {metrics[key]:.2f}{unit}" for key, label, unit in
                   (("sync_time", "sync", "s"), ("data_fetch_time", "data", "s"), ("gpu_memory_gb", "GPU mem", " GB"))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from atroposlib.api.settings import ApiSettings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,3 +31,15 @@ def test_config_md_documents_every_environment_flag() -> None:
     for prefix, model in (("env.", BaseEnvConfig), ("openai.", APIServerConfig), ("", ServerManagerConfig)):
         for name in model.model_fields:
             assert f"`--{prefix}{name}`" in text, prefix + name
+
+
+def test_config_md_documents_every_trainer_flag() -> None:
+    import argparse
+
+    pytest.importorskip("torch")
+    from example_trainer.cli import create_full_parser
+
+    text = (ROOT / "CONFIG.md").read_text()
+    for action in create_full_parser()._actions:
+        if action.help != argparse.SUPPRESS and action.option_strings and action.dest != "help":
+            assert f"`{action.option_strings[0]}`" in text, action.option_strings[0]
