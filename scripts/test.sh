@@ -33,4 +33,4 @@ fi
 "$tf4/bin/python" -m pytest -q -p no:cacheprovider tests/utils/test_tokenize_for_trainer.py \
     tests/utils/test_message_history_and_display.py
 step 5 "running the test suite"
-exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+exec .venv/bin/python -m pytest -q -p no:cacheprovider --durations=15 "$@"

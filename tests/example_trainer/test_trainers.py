@@ -153,3 +153,23 @@ def test_a_stop_signal_ends_the_trainer_and_its_vllm(api: ApiProcess, tiny_model
         trainer.send_signal(signum)
         assert trainer.wait(60) == 128 + signum
     all_gone(vllm_pids)
+
+
+def test_wandb_gets_atropos_metric_names_offline_without_a_key(api: ApiProcess, tiny_model: Path, tmp_path: Path,
+                                                               recorded: list[RecordingSync]) -> None:
+    post_groups(api, 2)
+    command = [sys.executable, "-c", "import sys; from example_trainer.grpo import main; main(sys.argv[1:])",
+               "--model-name", str(tiny_model), "--device", "cpu", "--optimizer", "adamw", "--training-steps", "1",
+               "--batch-size", "2", "--gradient-accumulation-steps", "2", "--atropos-url", api.url,
+               "--vllm-python", str(stand_in_runtime(tmp_path).python), "--vllm-port", str(free_port()),
+               "--save-path", str(tmp_path / "checkpoints"), "--log-dir", str(tmp_path / "logs"),
+               "--use-wandb", "--wandb-project", "trainer-test"]
+    environment = {key: value for key, value in os.environ.items() if not key.startswith("WANDB_")}
+    environment.update(WANDB_DIR=str(tmp_path), WANDB_SILENT="true", STAND_IN_PIDS=str(tmp_path / "pids"))
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=environment)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    (run_file,) = list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
+    logged = run_file.read_bytes()  # protobuf records keep metric names as plain bytes
+    for name in (b"train/loss", b"train/grad_norm", b"train/lr", b"grpo/mean_ratio", b"grpo/clipped_fraction",
+                 b"train/step_time", b"train/data_fetch_time", b"train/batch_mean_score"):
+        assert name in logged, name
