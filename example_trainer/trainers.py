@@ -53,11 +53,14 @@ class Run:
 def train(config: TrainingConfig) -> None:
     """Train for ``config.training_steps`` optimizer steps, one API batch each."""
     announce(config)
+    check_inputs(config)
     model, tokenizer = load_model_and_tokenizer(config)
     optimizer = create_optimizer(model, config)
     first_step = resume(config, optimizer)
     Path(config.save_path).mkdir(parents=True, exist_ok=True)
-    connect(config, first_step)
+    register_trainer(config, starting_step=first_step)
+    print(f"registered with {config.atropos_url}: {config.registered_batch_size} sequences per batch, "
+          f"max {config.seq_len} tokens, starting at step {first_step}")
     use_wandb = setup_wandb(config)
     started = time.time()
     with make_weight_sync(config) as sync, BatchFeed(config.atropos_url, config.max_prefetch_batches,
@@ -135,14 +138,16 @@ def resume(config: TrainingConfig, optimizer: torch.optim.Optimizer) -> int:
     return state.step
 
 
-def connect(config: TrainingConfig, first_step: int) -> None:
-    """Wait for the trajectory API and register this run (batch size, sequence length, step)."""
+def check_inputs(config: TrainingConfig) -> None:
+    """Fail in one line, before the slow model load, on a model folder that is not there or a
+    trajectory API that does not answer."""
+    looks_like_path = config.model_name.startswith((".", "/", "~")) or Path(config.model_name).exists()
+    if looks_like_path and not (Path(config.model_name).expanduser() / "config.json").exists():
+        raise TrainerError(f"no model folder at {config.model_name} (a folder with config.json, or a Hugging Face "
+                           "model id; `atropos-prepare-model` makes one from the bundled SmolLM2)")
     if not check_atropos_api(config.atropos_url):
         raise TrainerError(f"no trajectory API answers at {config.atropos_url}: start one with `run-api` "
                            "or pass --atropos-url")
-    register_trainer(config, starting_step=first_step)
-    print(f"registered with {config.atropos_url}: {config.registered_batch_size} sequences per batch, "
-          f"max {config.seq_len} tokens, starting at step {first_step}")
 
 
 def announce(config: TrainingConfig) -> None:

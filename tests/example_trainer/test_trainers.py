@@ -173,3 +173,20 @@ def test_wandb_gets_atropos_metric_names_offline_without_a_key(api: ApiProcess, 
     for name in (b"train/loss", b"train/grad_norm", b"train/lr", b"grpo/mean_ratio", b"grpo/clipped_fraction",
                  b"train/step_time", b"train/data_fetch_time", b"train/batch_mean_score"):
         assert name in logged, name
+
+
+def test_a_missing_model_folder_or_api_fails_in_one_line_before_loading(tiny_model: Path, tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from example_trainer.api import check_atropos_api
+
+    monkeypatch.setattr(trainers, "check_atropos_api", lambda url: check_atropos_api(url, timeout=0.5))
+    missing = config_for_url("http://127.0.0.1:1", tmp_path / "no-model", tmp_path)
+    with pytest.raises(trainers.TrainerError, match="no model folder at"):
+        trainers.train(missing)
+    with pytest.raises(trainers.TrainerError, match="no trajectory API answers at http://127.0.0.1:1"):
+        trainers.train(config_for_url("http://127.0.0.1:1", tiny_model, tmp_path))
+
+
+def config_for_url(url: str, model: Path, tmp_path: Path) -> TrainingConfig:
+    return TrainingConfig(model_name=str(model), atropos_url=url, save_path=str(tmp_path / "checkpoints"),
+                          device="cpu", optimizer="adamw")
