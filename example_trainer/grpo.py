@@ -21,7 +21,9 @@ from example_trainer.cli import parse_config
 from example_trainer.config import TrainingConfig
 from example_trainer.trainers import (GpuRequiredError, TrainerError, train_legacy, train_lora, train_lora_restart,
                                       train_shared_vllm)
-from example_trainer.vllm_manager import PortInUseError
+from example_trainer.api import AtroposApiError
+from example_trainer.checkpointing import CheckpointError
+from example_trainer.vllm_manager import PortInUseError, VLLMPythonNotFoundError, VLLMRequestError
 from example_trainer.weight_sync import WeightSyncError
 
 ENTRY_POINTS: dict[str, Callable[[TrainingConfig], None]] = {
@@ -29,7 +31,8 @@ ENTRY_POINTS: dict[str, Callable[[TrainingConfig], None]] = {
     "lora_only": train_lora,
     "lora_restart": train_lora_restart,
 }
-STOPPING_ERRORS = (TrainerError, WeightSyncError, VLLMStartError, PortInUseError, requests.RequestException, OSError)
+STOPPING_ERRORS = (TrainerError, WeightSyncError, VLLMStartError, PortInUseError, VLLMPythonNotFoundError,
+                   VLLMRequestError, AtroposApiError, CheckpointError, requests.RequestException, OSError)
 
 
 def run_training(config: TrainingConfig) -> None:

@@ -124,8 +124,7 @@ class LoraRestartSync(WeightSync):
 
     def publish(self, checkpoint: str, step: int) -> float:
         assert self.vllm is not None
-        self.vllm.stop()
-        return self.vllm.start(self.config.model_name, adapter=checkpoint)
+        return self.vllm.restart(self.config.model_name, adapter=checkpoint)
 
 
 STRATEGIES: dict[str, type[WeightSync]] = {
