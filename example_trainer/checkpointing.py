@@ -3,7 +3,7 @@
 A checkpoint is a directory under ``save_path``: ``step_{n}/`` or ``final_model/`` for the
 full model (``model.safetensors`` and ``config.json`` from ``save_pretrained``, the
 tokenizer files), ``adapter_step_{n}/`` or ``final_adapter/`` for a LoRA adapter (PEFT's
-``save_pretrained``). Each also holds
+``save_pretrained``; the tokenizer goes once to ``tokenizer/``). Each also holds
 
 * ``trainer_state.json``: `TrainerState` (step, model, API url, mode, dtype, when);
 * ``optimizer.pt``: the optimizer's ``state_dict`` (when an optimizer was given);
@@ -81,6 +81,13 @@ def save_lora_checkpoint(model: Any, save_path: str, step: int, is_final: bool =
     if not is_final and keep_last_n:
         _prune(Path(save_path), "adapter_step_", keep_last_n)
     return str(Path(save_path) / name)
+
+
+def save_tokenizer(tokenizer: Any, save_path: str) -> str:
+    """Write the tokenizer to ``tokenizer/`` (the LoRA modes' adapters leave it out); returns its path."""
+    with _atomic_dir(Path(save_path), "tokenizer") as tmp:
+        tokenizer.save_pretrained(tmp)
+    return str(Path(save_path) / "tokenizer")
 
 
 def load_resume_state(path: str) -> TrainerState:

@@ -19,7 +19,7 @@ import torch
 
 from example_trainer.api import BatchFeed, check_atropos_api, register_trainer
 from example_trainer.checkpointing import (TrainerState, load_resume_state, restore_optimizer_and_rng,
-                                           save_checkpoint, save_lora_checkpoint)
+                                           save_checkpoint, save_lora_checkpoint, save_tokenizer)
 from example_trainer.config import TrainingConfig
 from example_trainer.data import prepare_batch
 from example_trainer.model import load_model_and_tokenizer
@@ -70,7 +70,9 @@ def train(config: TrainingConfig) -> None:
         print(f"vLLM ready in {sync.start(initial):.1f} s")
         for step in range(first_step, config.training_steps):
             train_step(run, step)
-        print(f"final weights: {save(run, config.training_steps, final=True)}")
+        final = save(run, config.training_steps, final=True)
+        print(f"final weights: {final}")
+        sync.finish(final)
     finalize_training(use_wandb, started, mode=config.weight_bridge_mode, total_steps=config.training_steps - first_step,
                       benchmark_stats=run.timings, benchmark=config.benchmark)
 
@@ -118,6 +120,8 @@ def save(run: Run, step: int, final: bool = False) -> str:
     state = TrainerState(step=step, model_name=config.model_name, atropos_url=config.atropos_url,
                          weight_bridge_mode=config.weight_bridge_mode, dtype=config.resolved_dtype().dtype)
     if run.sync.saves_adapters:
+        if final:  # an adapter folder holds no tokenizer: one copy next to the adapters (Atropos's layout)
+            save_tokenizer(run.tokenizer, config.save_path)
         return save_lora_checkpoint(run.model, config.save_path, step, is_final=final, optimizer=run.optimizer,
                                     state=state, keep_last_n=config.keep_last_n)
     return save_checkpoint(run.model, run.tokenizer, config.save_path, step, is_final=final,
@@ -152,9 +156,11 @@ def check_inputs(config: TrainingConfig) -> None:
 
 def announce(config: TrainingConfig) -> None:
     dtype = config.resolved_dtype()
+    # in lora_only the server (and its log) is the user's
+    vllm = (f"vLLM: yours, on port {config.vllm_port}" if config.weight_bridge_mode == "lora_only"
+            else f"vLLM log: {Path(config.log_dir) / 'vllm.log'}")
     print(f"GRPO trainer: {config.model_name}, mode {config.weight_bridge_mode}, {config.training_steps} steps "
-          f"on {config.device}\n  dtype: {dtype.dtype} ({dtype.reason})\n  checkpoints: {config.save_path}, "
-          f"vLLM log: {Path(config.log_dir) / 'vllm.log'}")
+          f"on {config.device}\n  dtype: {dtype.dtype} ({dtype.reason})\n  checkpoints: {config.save_path}, {vllm}")
 
 
 def with_mode(config: TrainingConfig, mode: str, allowed: tuple[str, ...] = ()) -> TrainingConfig:

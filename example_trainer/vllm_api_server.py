@@ -31,6 +31,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -397,10 +398,18 @@ def build_parser() -> argparse.ArgumentParser:
     return AsyncEngineArgs.add_cli_args(parser)
 
 
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
 async def serve(args: argparse.Namespace) -> None:
     """Load the engine, then answer HTTP until SIGINT or SIGTERM; the engine is shut down either way."""
     global engine
     state.api_key = args.api_key
+    # uvicorn re-raises the SIGTERM it caught once it has stopped: with the default handler the
+    # process would die right there, skipping `engine.shutdown()` and leaving the engine's
+    # processes running when only the server's own pid was signalled (`kill PID`)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     engine = AsyncLLM.from_engine_args(AsyncEngineArgs.from_cli_args(args), usage_context=UsageContext.API_SERVER)
     try:
         # vLLM's own --log-level (absent unless given) sets uvicorn's too
@@ -410,7 +419,9 @@ async def serve(args: argparse.Namespace) -> None:
                                 ssl_certfile=args.ssl_certfile, ssl_ca_certs=args.ssl_ca_certs)
         await uvicorn.Server(config).serve()
     finally:
-        engine.shutdown()
+        # shut down now rather than in AsyncLLM.__del__ at interpreter exit, when vLLM's modules are gone
+        running, engine = engine, None
+        running.shutdown()
 
 
 if __name__ == "__main__":

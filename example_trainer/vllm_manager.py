@@ -14,6 +14,8 @@ trainer's environment).
 from __future__ import annotations
 
 import importlib.util
+import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -159,6 +161,16 @@ class TrainerVLLM:
             # frequent restarts pay CUDA-graph capture once each but generate faster in between
             server.enforce_eager = self.config.weight_bridge_mode != "lora_restart"
         return server
+
+    def command_line(self, model_path: str) -> str:
+        """The shell command `start` runs on `model_path` (LoRA on in the LoRA modes), for users who
+        start the server themselves: with the environment variables vLLM's CPU backend needs, as
+        without ``VLLM_CPU_KVCACHE_SPACE`` it reserves most of the RAM and fails on a busy machine."""
+        server = self.server_for(model_path)
+        environment = server.environment()
+        cpu = [f"{name}={value}" for name, value in sorted(environment.items())
+               if name.startswith("VLLM_CPU_") and os.environ.get(name) != value]
+        return shlex.join([*cpu, *server.command()])
 
     def start(self, model_path: str, *, adapter: Optional[str] = None, timeout: float = 600.0) -> float:
         """Launch the server on `model_path` (and activate `adapter`) once it answers /health."""

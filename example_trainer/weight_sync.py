@@ -8,7 +8,8 @@ mode            vLLM                                            after a sync ste
 ==============  ==============================================  =======================================
 ``none``        started by the trainer on the base model        restarted on ``step_N/``
 ``reload``      started by the trainer on the base model        ``step_N/`` read in place, no restart
-``lora_only``   started by the user with ``--enable-lora``      ``adapter_step_N/`` hot-swapped
+``lora_only``   started by the user with ``--enable-lora``      ``adapter_step_N/`` hot-swapped (and
+                                                                ``final_adapter/`` at the end)
 ``lora_restart``started by the trainer with ``--enable-lora``   restarted with ``adapter_step_N/``
 ==============  ==============================================  =======================================
 
@@ -24,7 +25,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from example_trainer.config import TrainingConfig
-from example_trainer.vllm_manager import TrainerVLLM, check_vllm_health, hotswap_lora_adapter
+from example_trainer.vllm_manager import (SERVER_SCRIPT, TrainerVLLM, VLLMPythonNotFoundError, check_vllm_health,
+                                         hotswap_lora_adapter)
 
 class WeightSyncError(RuntimeError):
     """vLLM could not be given the new weights (or was not there to receive them)."""
@@ -54,6 +56,10 @@ class WeightSync(ABC):
     @abstractmethod
     def publish(self, checkpoint: str, step: int) -> float:
         """Give vLLM the weights saved in `checkpoint` after `step`; returns the seconds it took."""
+
+    def finish(self, final: str) -> None:
+        """Called with the final weights after the last step. A server the trainer started stops
+        right after, so giving them to it would only delay the end."""
 
     def close(self) -> None:
         if self.vllm is not None:
@@ -89,26 +95,41 @@ class ReloadSync(WeightSync):
 
 class LoraHotSwapSync(WeightSync):
     """``lora_only``: the user runs vLLM with ``--enable-lora``; each new adapter is loaded into
-    it by name (``step_N``)."""
+    it by name (``step_N``), and the server, which outlives the run, ends on ``final_adapter``."""
 
     saves_adapters = True
 
     def start(self, weights: str) -> float:
+        """Load the run's first adapter: the resumed one, or a fresh (no-op) one that replaces
+        whatever adapter the server was left with."""
         port = self.config.vllm_port
         if not check_vllm_health(port):
-            raise WeightSyncError(
-                f"lora_only needs a vLLM server with LoRA on port {port}, and none answers there; start one with\n"
-                f"  python -m example_trainer.vllm_api_server --model {self.config.model_name} --port {port} "
-                f"--enable-lora --max-lora-rank {max(2 * self.config.lora_r, 32)} --enforce-eager")
-        return 0.0
+            raise WeightSyncError(f"lora_only needs a vLLM server with LoRA on port {port}, and none answers "
+                                  f"there; start one with\n  {self._launch_command()}")
+        return self._hotswap(Path(weights).name, weights)
+
+    def _launch_command(self) -> str:
+        """The command the trainer would run itself (python, flags, CPU environment)."""
+        try:
+            vllm = TrainerVLLM(self.config, Path(self.config.log_dir) / "vllm.log")
+        except VLLMPythonNotFoundError as exc:
+            return (f"PYTHON_WITH_VLLM {SERVER_SCRIPT} --model {self.config.model_name} --port {self.config.vllm_port} "
+                    f"--enable-lora --enforce-eager\n({exc})")
+        return vllm.command_line(self.config.model_name)
 
     def before_training(self, sync_step: bool) -> None:
         """The server is the user's: the trainer never stops it."""
 
     def publish(self, checkpoint: str, step: int) -> float:
+        return self._hotswap(f"step_{step}", checkpoint)
+
+    def finish(self, final: str) -> None:
+        print(f"vLLM now serves {final} ({self._hotswap(Path(final).name, final):.1f} s)")
+
+    def _hotswap(self, name: str, adapter: str) -> float:
         started = time.monotonic()
-        if not hotswap_lora_adapter(f"step_{step}", checkpoint, self.config.vllm_port):
-            raise WeightSyncError(f"vLLM on port {self.config.vllm_port} did not load the adapter in {checkpoint}")
+        if not hotswap_lora_adapter(name, adapter, self.config.vllm_port):
+            raise WeightSyncError(f"vLLM on port {self.config.vllm_port} did not load the adapter in {adapter}")
         return time.monotonic() - started
 
 

@@ -17,6 +17,7 @@ import pytest
 
 from example_trainer import trainers
 from example_trainer.config import TrainingConfig
+from example_trainer.model import LORA_MODES
 from example_trainer.weight_sync import WeightSync
 from tests.conftest import group
 from tests.example_trainer.tiny_model import build_tiny_model
@@ -31,6 +32,7 @@ class RecordingSync(WeightSync):
 
     def __init__(self, config: TrainingConfig) -> None:
         super().__init__(config, None)
+        self.saves_adapters = config.weight_bridge_mode in LORA_MODES
         self.events: list[tuple[str, str]] = []
 
     def start(self, weights: str) -> float:
@@ -40,6 +42,9 @@ class RecordingSync(WeightSync):
     def publish(self, checkpoint: str, step: int) -> float:
         self.events.append(("publish", Path(checkpoint).name))
         return 0.0
+
+    def finish(self, final: str) -> None:
+        self.events.append(("finish", Path(final).name))
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +95,7 @@ def test_the_loop_acks_each_batch_after_its_step_and_syncs_on_schedule(
     assert status.get("leased_batches", 0) == 0  # the prefetched batch went back to the queue
     checkpoints = tmp_path / "checkpoints"
     assert sorted(path.name for path in checkpoints.iterdir()) == ["final_model", "step_2", "step_3"]
-    assert recorded[0].events == [("start", str(tiny_model)), ("publish", "step_2")]
+    assert recorded[0].events == [("start", str(tiny_model)), ("publish", "step_2"), ("finish", "final_model")]
     state = json.loads((checkpoints / "step_2" / "trainer_state.json").read_text())
     assert state["step"] == 2
     from safetensors.torch import load_file
@@ -98,6 +103,21 @@ def test_the_loop_acks_each_batch_after_its_step_and_syncs_on_schedule(
     before = load_file(tiny_model / "model.safetensors")
     after = load_file(checkpoints / "final_model" / "model.safetensors")
     assert any(not torch.equal(before[name], after[name]) for name in before)
+
+
+def test_the_lora_modes_serve_adapters_from_the_first_step_to_the_final_one(
+        api: ApiProcess, tiny_model: Path, tmp_path: Path, recorded: list[RecordingSync]) -> None:
+    post_groups(api, 4)
+    trainers.train(config_for(api, tiny_model, tmp_path, weight_bridge_mode="lora_only", lora_r=4,
+                              training_steps=2, vllm_restart_interval=1))
+    assert recorded[0].events == [("start", str(tmp_path / "checkpoints" / "adapter_step_0")),
+                                  ("publish", "adapter_step_1"), ("finish", "final_adapter")]
+    checkpoints = tmp_path / "checkpoints"
+    assert sorted(path.name for path in checkpoints.iterdir()) == [
+        "adapter_step_0", "adapter_step_1", "adapter_step_2", "final_adapter", "tokenizer"]
+    assert (checkpoints / "final_adapter" / "adapter_config.json").exists()
+    assert (checkpoints / "tokenizer" / "tokenizer_config.json").exists()
+    assert httpx.get(api.url + "/status").json()["current_step"] == 2
 
 
 def test_resume_continues_from_the_checkpoint_step(api: ApiProcess, tiny_model: Path, tmp_path: Path,
@@ -109,7 +129,7 @@ def test_resume_continues_from_the_checkpoint_step(api: ApiProcess, tiny_model: 
         resumed = config_for(fresh, tiny_model, tmp_path, resume_from=str(tmp_path / "checkpoints" / "step_2"))
         trainers.train(resumed)
         assert httpx.get(fresh.url + "/status").json()["current_step"] == 3
-    assert recorded[-1].events == [("start", str(tmp_path / "checkpoints" / "step_2"))]
+    assert recorded[-1].events == [("start", str(tmp_path / "checkpoints" / "step_2")), ("finish", "final_model")]
     assert json.loads((tmp_path / "checkpoints" / "step_3" / "trainer_state.json").read_text())["step"] == 3
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -62,6 +63,20 @@ def test_the_command_runs_the_bundled_server_with_the_config(tmp_path: Path) -> 
     assert "--enforce-eager" in command and "--enable-lora" in command
     assert command[command.index("--max-lora-rank") + 1] == "128"
     assert server.environment()["CUDA_VISIBLE_DEVICES"] == "1"
+
+
+def test_the_command_line_for_users_carries_the_cpu_kv_cache_size(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    manager = TrainerVLLM(_config(vllm_python=str(stand_in_runtime(tmp_path).python), weight_bridge_mode="lora_only"),
+                          tmp_path / "vllm.log")
+    server = manager.server_for("/models/base")
+    if server.gpu:
+        pytest.skip("on a GPU vLLM needs no CPU settings")
+    words = shlex.split(manager.command_line("/models/base"))
+    assert words[0].startswith("VLLM_CPU_KVCACHE_SPACE=")  # without it vLLM reserves most of the RAM
+    assert words[words.index(str(manager.python)):] == server.command()
+    assert "--enable-lora" in words and "--enforce-eager" in words
 
 
 @pytest.fixture
