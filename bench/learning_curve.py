@@ -25,6 +25,7 @@ from pathlib import Path
 
 from atroposlib.local.cpu import read_cpu
 from atroposlib.local.prepare_model import prepare_model
+from atroposlib.local.signals import stop_signals_raise
 
 ROOT = Path(__file__).resolve().parent.parent
 SCORE = re.compile(r"^step (\d+) \|.*\| batch score ([-+0-9.]+)")
@@ -95,7 +96,7 @@ def main() -> None:
     args = parser.parse_args()
     model = prepare_model()
     started = time.monotonic()
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, stop_signals_raise():
         scores = run(args, model, Path(tmp))
     minutes = (time.monotonic() - started) / 60
     window = max(1, len(scores) // 4)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import torch
+import transformers
 
 from example_trainer.api import BatchFeed, check_atropos_api, register_trainer
 from example_trainer.checkpointing import (TrainerState, load_resume_state, restore_optimizer_and_rng,
@@ -53,6 +54,8 @@ class Run:
 def train(config: TrainingConfig) -> None:
     """Train for ``config.training_steps`` optimizer steps, one API batch each."""
     announce(config)
+    # a line per step is the trainer's progress; transformers' per-file bars would interleave with it
+    transformers.utils.logging.disable_progress_bar()
     check_inputs(config)
     model, tokenizer = load_model_and_tokenizer(config)
     optimizer = create_optimizer(model, config)
