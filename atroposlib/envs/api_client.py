@@ -193,11 +193,20 @@ class TrajectoryApiClient:
         log.error("the API rejected a submission (HTTP %s); kept in %s", status, self.rejected_path)
 
     async def drain_spool(self, deadline_s: float) -> bool:
-        """Keep re-sending until the spool is empty or `deadline_s` passes; True if empty."""
-        give_up = time.monotonic() + deadline_s
-        wait = 1.0
-        while len(self.spool) and time.monotonic() < give_up:
-            if not await self.resend_spooled():
-                await asyncio.sleep(min(wait, max(0.0, give_up - time.monotonic())))
-                wait = min(wait * 2, RESEND_MAX_WAIT_S)
+        """Keep re-sending until the spool is empty or `deadline_s` passes; True if empty.
+
+        The deadline holds even for a request in flight to an API that takes connections but
+        does not answer (one shutting down): the request is abandoned and its submission stays
+        spooled; if the API did store it, its `submission_id` makes the next re-send a no-op."""
+        try:
+            await asyncio.wait_for(self._resend_until_empty(), timeout=deadline_s)
+        except asyncio.TimeoutError:
+            pass
         return not len(self.spool)
+
+    async def _resend_until_empty(self) -> None:
+        wait = 1.0
+        while len(self.spool):
+            if not await self.resend_spooled():
+                await asyncio.sleep(wait)
+                wait = min(wait * 2, RESEND_MAX_WAIT_S)

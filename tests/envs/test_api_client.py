@@ -81,3 +81,20 @@ def test_a_delivery_cancelled_by_a_stop_is_spooled(tmp_path: Path) -> None:
     asyncio.run(scenario())
     ((_, endpoint, body),) = TrajectoryApiClient("http://api", tmp_path / "spool").spool.pending()
     assert endpoint == "/scored_data" and json.loads(body)["submission_id"] == "s"
+
+
+def test_draining_the_spool_keeps_its_deadline_when_the_api_hangs(tmp_path: Path) -> None:
+    async def scenario() -> tuple[bool, float]:
+        client = TrajectoryApiClient("http://api", tmp_path / "spool")
+        client.spool.append("/scored_data", json.dumps(group(4, submission_id="s")).encode())
+        client.http = httpx.AsyncClient(transport=Hanging(), base_url="http://api")
+        started = asyncio.get_running_loop().time()
+        drained = await client.drain_spool(deadline_s=0.5)
+        elapsed = asyncio.get_running_loop().time() - started
+        await client.close()
+        return drained, elapsed
+
+    drained, elapsed = asyncio.run(scenario())
+    assert not drained and elapsed < 5
+    ((_, endpoint, body),) = TrajectoryApiClient("http://api", tmp_path / "spool").spool.pending()
+    assert json.loads(body)["submission_id"] == "s"
