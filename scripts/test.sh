@@ -2,9 +2,9 @@
 # Sets up the project and runs the whole test suite (what CI runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-step() { echo "test.sh [$1/5] $2" >&2; }
-step 1 "installing atroposlib with its dev, example_trainer, rewardfns and quickstart extras into .venv"
-EXTRAS=dev,example_trainer,rewardfns,quickstart bash scripts/setup.sh
+step() { echo "test.sh [$1/6] $2" >&2; }
+step 1 "installing atroposlib with its dev, example_trainer, rewardfns, examples and quickstart extras into .venv"
+EXTRAS=dev,example_trainer,rewardfns,examples,quickstart bash scripts/setup.sh
 # The real vLLM engine (CPU build) in its own venv, for the tests marked real_vllm; they
 # skip without it, so a failed install stops here instead.
 export ATROPOS_HOME="${ATROPOS_HOME:-$(pwd)/.cache/atropos}"
@@ -32,5 +32,18 @@ if [ ! -x "$tf4/bin/python" ]; then
 fi
 "$tf4/bin/python" -m pytest -q -p no:cacheprovider tests/utils/test_tokenize_for_trainer.py \
     tests/utils/test_message_history_and_display.py
-step 5 "running the test suite"
+# The browser tests (generated HTML, the Gradio viewer) drive the system Chromium; they
+# skip without it.
+if [ ! -x "${ATROPOS_CHROMIUM:-/usr/bin/chromium}" ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        step 5 "installing Chromium for the browser tests (apt-get install chromium)"
+        (apt-get install -y -q chromium >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1; }) \
+            || echo "note: Chromium not installed; the browser tests will be skipped"
+    else
+        step 5 "no Chromium and no root: the browser tests will be skipped (apt-get install -y chromium)"
+    fi
+else
+    step 5 "Chromium for the browser tests: ${ATROPOS_CHROMIUM:-/usr/bin/chromium}"
+fi
+step 6 "running the test suite"
 exec .venv/bin/python -m pytest -q -p no:cacheprovider --durations=15 "$@"

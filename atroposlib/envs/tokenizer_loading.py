@@ -13,7 +13,12 @@ from typing import Any, Optional
 import httpx
 
 HUB_PROBE_TIMEOUT_S = 5.0
-FIX_HINT = ("pass --env.tokenizer_name a local folder holding the tokenizer (tokenizer.json, tokenizer_config.json), "
+ENV_FLAG = "--env.tokenizer_name"
+
+
+def fix_hint(flag: str = ENV_FLAG) -> str:
+    """How to get a tokenizer loaded, naming the option `flag` that chooses it."""
+    return (f"pass {flag} a local folder holding the tokenizer (tokenizer.json, tokenizer_config.json), "
             "or load it once where the hub is reachable so that it is cached; "
             "with HF_HUB_OFFLINE=1 only the cache is used")
 
@@ -40,8 +45,9 @@ def _hub_problem(endpoint: str) -> Optional[str]:
     return None
 
 
-def load_tokenizer(name: str) -> Any:
-    """The tokenizer `name` (a folder or a Hugging Face id); raises `TokenizerUnavailable`."""
+def load_tokenizer(name: str, flag: str = ENV_FLAG) -> Any:
+    """The tokenizer `name` (a folder or a Hugging Face id); raises `TokenizerUnavailable`,
+    whose message names `flag`, the option that chose it."""
     from huggingface_hub import constants
     from transformers import AutoTokenizer
 
@@ -52,20 +58,20 @@ def load_tokenizer(name: str) -> Any:
         except Exception as exc:
             raise TokenizerUnavailable(f"cannot load the tokenizer in {folder}: {_first_line(exc)}") from None
     if _looks_like_a_path(name):
-        raise TokenizerUnavailable(f"no tokenizer folder at {name}; {FIX_HINT}")
+        raise TokenizerUnavailable(f"no tokenizer folder at {name}; {fix_hint(flag)}")
     try:
         return AutoTokenizer.from_pretrained(name, local_files_only=True)
     except Exception:
         pass  # not cached: ask the hub below
     if constants.HF_HUB_OFFLINE:
         raise TokenizerUnavailable(f"tokenizer {name!r} is not in the Hugging Face cache and HF_HUB_OFFLINE is set; "
-                                   f"{FIX_HINT}")
+                                   f"{fix_hint(flag)}")
     problem = _hub_problem(constants.ENDPOINT)
     if problem is not None:
         raise TokenizerUnavailable(f"cannot load tokenizer {name!r}: it is not in the Hugging Face cache and "
-                                   f"{constants.ENDPOINT} cannot be reached ({problem}); {FIX_HINT}")
+                                   f"{constants.ENDPOINT} cannot be reached ({problem}); {fix_hint(flag)}")
     try:
         return AutoTokenizer.from_pretrained(name)
     except Exception as exc:
         raise TokenizerUnavailable(f"cannot load tokenizer {name!r} from {constants.ENDPOINT}: {_first_line(exc)}; "
-                                   f"check the name, or {FIX_HINT}") from None
+                                   f"check the name, or {fix_hint(flag)}") from None

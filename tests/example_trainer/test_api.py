@@ -14,6 +14,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from atroposlib.api import ApiSettings, create_app
+from atroposlib import trainer_api
 from example_trainer import api
 from example_trainer.api import AtroposApiError, BatchFeed, RetryPolicy, check_atropos_api, get_batch, register_trainer
 from example_trainer.config import TrainingConfig
@@ -53,7 +54,7 @@ def api_app(**settings: Any) -> ASGIApp:
 @pytest.fixture(autouse=True)
 def short_retries(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("ATROPOS_API_KEY", raising=False)
-    monkeypatch.setattr(api, "RETRY", RetryPolicy(attempts=3, min_wait=0.01, max_wait=0.05))
+    monkeypatch.setattr(trainer_api, "RETRY", RetryPolicy(attempts=3, min_wait=0.01, max_wait=0.05))
 
 
 @pytest.fixture
