@@ -15,18 +15,18 @@ ANSWERS = ["4", "The answer is 4.", "36", "Answer: 36", "doing today", "\\boxed{
 SCORE_CHOICES = [1.0, 0.5, 0.0, -0.5, -1.0, 0.75, 0.25, 2.0]
 
 
-def make_groups(tokenizer: Any, count: int, seed: int) -> list[dict[str, Any]]:
-    """`count` groups of 2-8 rollouts with repeated, negative and tied scores."""
+def make_groups(tokenizer: Any, count: int, seed: int, size: int = 0) -> list[dict[str, Any]]:
+    """`count` groups of `size` (default: 2-8) rollouts with repeated, negative and tied scores."""
     rng = random.Random(seed)
     groups = []
     for _ in range(count):
         question = rng.choice(QUESTIONS)
-        size = rng.randint(2, 8)
-        answers = [rng.choice(ANSWERS) for _ in range(size)]
+        rollouts = size or rng.randint(2, 8)
+        answers = [rng.choice(ANSWERS) for _ in range(rollouts)]
         chats = [[{"role": "user", "content": question}, {"role": "assistant", "content": answer}] for answer in answers]
         tokens = [list(tokenizer.apply_chat_template(chat, tokenize=True, return_dict=True)["input_ids"]) for chat in chats]
         groups.append({
             "tokens": tokens, "masks": [[-100] * len(t) for t in tokens],
-            "scores": [rng.choice(SCORE_CHOICES) for _ in range(size)], "messages": chats,
+            "scores": [rng.choice(SCORE_CHOICES) for _ in range(rollouts)], "messages": chats,
         })
     return groups
