@@ -17,9 +17,13 @@ CHROMIUM = Path(os.environ.get("ATROPOS_CHROMIUM", "/usr/bin/chromium"))
 ARTIFACTS = Path(os.environ.get("ATROPOS_TEST_ARTIFACTS", Path(__file__).resolve().parent.parent / ".cache" / "test-artifacts"))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator["object"]:
-    """A headless Chromium (`playwright.sync_api.Browser`) shared by the session's tests."""
+    """A headless Chromium (`playwright.sync_api.Browser`) shared by a module's tests.
+
+    Registered once, in tests/conftest.py: a fixture imported into several modules would be
+    several fixtures, and a second Playwright started beside a live one fails. Module scope
+    ends each Playwright before the next module's tests (some run asyncio loops) start."""
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is in the dev extra")
     if not CHROMIUM.exists():
         pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install -y chromium)")

@@ -10,6 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from atroposlib.api import ApiSettings, create_app
+from tests.browser import browser  # noqa: F401 (the fixture, registered for every test module)
 
 os.environ.setdefault("WANDB_MODE", "disabled")
 

@@ -18,7 +18,7 @@ from atroposlib.cli.viewer_feed import Entry, GroupFeed, batch_fetcher, latest_e
 from atroposlib.cli.viewer_render import (
     Completion, GroupView, Segment, completion_html, decode_segments, status_html, token_runs, view_group,
 )
-from tests.browser import artifact_path, browser  # noqa: F401
+from tests.browser import artifact_path
 from tests.cli.viewer_helpers import HOSTILE, ViewerProcess, make_group, require_gradio, write_jsonl
 from tests.conftest import registration
 from tests.helpers import ApiProcess

@@ -15,7 +15,7 @@ pytest.importorskip("PIL", reason="Pillow comes with the examples extra (Gradio)
 from PIL import Image  # noqa: E402
 
 from atroposlib.cli.viewer_images import decode_image, group_image, text_prompt  # noqa: E402
-from tests.browser import artifact_path, browser  # noqa: E402,F401
+from tests.browser import artifact_path  # noqa: E402
 from tests.cli.viewer_helpers import HOSTILE, ViewerProcess, make_group, require_gradio, write_jsonl  # noqa: E402
 
 
