@@ -43,3 +43,15 @@ def test_config_md_documents_every_trainer_flag() -> None:
     for action in create_full_parser()._actions:
         if action.help != argparse.SUPPRESS and action.option_strings and action.dest != "help":
             assert f"`{action.option_strings[0]}`" in text, action.option_strings[0]
+
+
+@pytest.mark.parametrize("module", ["sft", "dpo", "view_run", "inference_node_wandb_watcher"])
+def test_config_md_documents_every_tool_flag(module: str) -> None:
+    import argparse
+    import importlib
+
+    parser = importlib.import_module(f"atroposlib.cli.{module}").build_parser()
+    text = (ROOT / "CONFIG.md").read_text()
+    for action in parser._actions:
+        if action.help != argparse.SUPPRESS and action.option_strings and action.dest != "help":
+            assert f"`{action.option_strings[0]}`" in text, (module, action.option_strings[0])

@@ -53,7 +53,7 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, min_diff_default: f
     parser.add_argument("--from-jsonl", type=Path, metavar="PATH",
                         help="Read groups from this `process` JSONL file instead of the API.")
     parser.add_argument("--reset", action="store_true", help="Wipe the API's queued data before registering.")
-    parser.add_argument("--force", "--attach", dest="force", action="store_true",
+    parser.add_argument("--force", action="store_true",
                         help="Take batches even though a trainer is registered (they are then lost to it).")
 
 
