@@ -10,7 +10,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from atroposlib.api import ApiSettings, create_app
-from tests.browser import browser  # noqa: F401 (the fixture, registered for every test module)
+from tests.browser import browser  # noqa: F401 (fixtures registered once, for every test directory)
+from tests.real_engine import gsm8k_data, real_model_dir, real_vllm  # noqa: F401
 
 os.environ.setdefault("WANDB_MODE", "disabled")
 

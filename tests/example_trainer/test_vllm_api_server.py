@@ -29,7 +29,7 @@ from atroposlib.local.runtime import Runtime
 from example_trainer.config import TrainingConfig
 from example_trainer.vllm_manager import TrainerVLLM
 from tests.helpers import free_port
-from tests.local.conftest import ROOT, installed_runtime
+from tests.real_engine import ROOT, installed_runtime
 from tests.reference_tests import copy_reference_tests, reference_tests_dir, run_reference_tests
 
 pytestmark = [pytest.mark.real_vllm, pytest.mark.slow]

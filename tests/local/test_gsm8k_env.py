@@ -8,7 +8,7 @@ import importlib.util
 from types import ModuleType, SimpleNamespace
 from typing import Any
 
-from tests.local.conftest import ROOT
+from tests.real_engine import ROOT
 
 
 def _gsm8k() -> ModuleType:

