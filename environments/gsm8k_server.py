@@ -17,7 +17,6 @@ fields, the answer ending in ``#### <number>``) it runs offline.
 """
 
 import asyncio
-import json
 import random
 import time
 from typing import Optional
@@ -27,6 +26,7 @@ from latex2sympy2_extended import NormalizationConfig
 from pydantic import Field
 
 from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig, ScoredDataGroup
+from atroposlib.envs.local_data import load_rows
 
 SYSTEM_PROMPT = (
     "You are a deep thinking AI. You may use extremely long chains of thought to deeply consider the problem "
@@ -71,11 +71,6 @@ def _usable(rollout: dict) -> bool:
     return sum(1 for mask in rollout["masks"] if mask != -100) >= MIN_TRAINABLE_TOKENS
 
 
-def _read_jsonl(path: str) -> list[dict]:
-    with open(path, encoding="utf-8") as handle:
-        return [json.loads(line) for line in handle if line.strip()]
-
-
 class GSM8kEnv(BaseEnv):
     name = "gsm8k"
     env_config_cls = GSM8kConfig
@@ -98,12 +93,7 @@ class GSM8kEnv(BaseEnv):
         return env_config, servers
 
     def _load_split(self, split: str, local_file: Optional[str]) -> list[dict]:
-        if local_file:
-            rows = _read_jsonl(local_file)
-        else:
-            from datasets import load_dataset
-
-            rows = list(load_dataset("gsm8k", "main", split=split))
+        rows = load_rows("gsm8k", "main", split=split, local_file=local_file)
         random.Random(42).shuffle(rows)
         return rows
 
