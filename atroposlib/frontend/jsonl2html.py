@@ -7,7 +7,9 @@ The page is written as a stream, so a file of any size needs little memory: each
 summary line (``<details>`` with its scores) goes into the document, and its rollouts into
 one inert ``<script type="text/html">`` block at the end, from which the page's script
 builds a group's content when it is first opened. A browser then parses 10,000 small
-``<details>`` rather than every rollout of the file, and the page opens in seconds.
+``<details>`` rather than every rollout of the file, and the page opens in seconds. Nothing
+in the block can end it early: every ``<`` of model output is escaped, and the tags the
+renderer writes are never ``script``.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from __future__ import annotations
 import argparse
 import html
 import json
+import math
+import numbers
 import os
 import re
 import shutil
@@ -25,7 +29,7 @@ from pathlib import Path
 from typing import IO, Any, Iterator, Optional
 
 from atroposlib.frontend.safe_markdown import SafeMarkdown
-from atroposlib.frontend.scores import GroupScores, RunSummary, numeric
+from atroposlib.frontend.scores import GroupScores, RunSummary
 
 HERE = Path(__file__).parent
 TEMPLATE_PATH = HERE / "template.html"
@@ -49,13 +53,12 @@ def _markdown(text: str) -> str:
 
 
 def get_score_class(score: Any) -> str:
-    """CSS class of a rollout by the sign of its score."""
-    value = numeric(score)
-    if value is None:
+    """CSS class of a rollout by the sign of its score ("" for a bool, NaN or non-number)."""
+    if isinstance(score, bool) or not isinstance(score, numbers.Real) or math.isnan(score):
         return ""
-    if value > 0:
+    if score > 0:
         return "reward-positive"
-    if value < 0:
+    if score < 0:
         return "reward-negative"
     return "reward-zero"
 

@@ -33,7 +33,9 @@ ALLOWED_TAGS = frozenset(
 )
 ALLOWED_ATTRIBUTES = {"a": {"href", "title"}, "th": {"align"}, "td": {"align"}, "ol": {"start"}}
 SAFE_URL = re.compile(r"(?:https?://|mailto:|#)", re.IGNORECASE)
-CACHE_SIZE = 4096
+# Repeats come close together (a group's rollouts share their prompt, a file its system
+# prompt), so a short cache catches them without holding on to long completions.
+CACHE_SIZE = 256
 
 
 def is_safe_url(url: str) -> bool:

@@ -28,7 +28,7 @@ def bodies_of(page: str) -> list[str]:
 
 def test_score_classes() -> None:
     assert [get_score_class(s) for s in (0.5, -1, 0, "x")] == ["reward-positive", "reward-negative", "reward-zero", ""]
-    assert [get_score_class(s) for s in (True, None, math.nan)] == ["", "", ""]
+    assert [get_score_class(s) for s in (True, None, math.nan, math.inf)] == ["", "", "", "reward-positive"]
 
 
 def test_group_block_keeps_the_reference_shape_and_adds_scores() -> None:
