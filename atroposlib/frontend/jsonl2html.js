@@ -112,7 +112,7 @@
     const item = event.target.closest('.item');
     if (item && !event.target.closest('a')) activate(item);
   });
-  // Opened some other way (find in page, a script): fill it too. `toggle` does not bubble.
+  // Opened some other way (by a script, say): fill it too. `toggle` does not bubble.
   container.addEventListener('toggle', (event) => { if (event.target.open) fill(event.target); }, true);
   container.addEventListener('focusin', (event) => {
     const group = event.target.closest('details.group');
