@@ -48,7 +48,10 @@ system_prompt = (
     "solution."
 )
 
-ANSWER_INSTRUCTION = '\n\nAfter your reasoning, give your choice once, in the form "The best answer is: X", where X is the letter of the option you choose.'
+ANSWER_INSTRUCTION = (
+    '\n\nAfter your reasoning, give your choice once, in the form "The best answer is: X", where X is the '
+    "letter of the option you choose."
+)
 MAX_TOKENS = 1024 * 15
 MIN_TRAINABLE_TOKENS = 10
 

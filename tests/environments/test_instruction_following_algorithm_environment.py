@@ -5,7 +5,6 @@ adaptive curriculum."""
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 from typing import Any
 
