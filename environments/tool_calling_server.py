@@ -289,7 +289,7 @@ class SingleToolCallingEnv(BaseEnv):
             generation_parameters={"temperature": 1.0, "max_tokens": MAX_NEW_TOKENS},
         )
 
-    def add_rollouts_for_wandb(self, scored_data: ScoredDataGroup, item: Item = None):
+    async def add_rollouts_for_wandb(self, scored_data: ScoredDataGroup, item: Item = None):
         keep = self.config.num_rollouts_per_group_for_logging
         count = len(scored_data["tokens"]) if keep == -1 else min(keep, len(scored_data["tokens"]))
         expected = item[1] if item is not None else ""

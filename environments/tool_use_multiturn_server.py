@@ -768,7 +768,7 @@ class MultiTurnToolCallingEnv(BaseEnv):
                           generation_parameters={"temperature": 0.0, "max_tokens": self.config.max_gen_per_turn})
 
     # ------------------------------------------------------------ logging
-    def add_rollouts_for_wandb(self, scored_data: ScoredDataGroup, item: Item = None):
+    async def add_rollouts_for_wandb(self, scored_data: ScoredDataGroup, item: Item = None):
         keep = min(1, len(scored_data["tokens"]))
         expected = [call for turn in item[1] for call in turn] if item is not None else []
         self.rollouts_for_wandb.append(

@@ -10,6 +10,7 @@ module holds the hooks and the per-group bookkeeping environments rely on.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 import os
@@ -214,7 +215,9 @@ class BaseEnv(ABC):
                 self.skipped[reason] += 1
                 continue
             accept.complete_group(group, self.tokenizer, self.config.include_messages)
-            self.add_rollouts_for_wandb(group, item)
+            logged = self.add_rollouts_for_wandb(group, item)
+            if inspect.isawaitable(logged):  # Atropos's hook is async; plain overrides work too
+                await logged
             if self.jsonl_writer is not None:
                 self.jsonl_writer.write(json.dumps(group) + "\n")
                 self.jsonl_writer.flush()
@@ -236,7 +239,7 @@ class BaseEnv(ABC):
         else:
             await client.submit("/scored_data_list", payload)
 
-    def add_rollouts_for_wandb(self, group: ScoredDataGroup, item: Item = None) -> None:
+    async def add_rollouts_for_wandb(self, group: ScoredDataGroup, item: Item = None) -> None:
         keep = self.config.num_rollouts_per_group_for_logging
         count = len(group["tokens"]) if keep == -1 else min(keep, len(group["tokens"]))
         self.rollouts_for_wandb.append(

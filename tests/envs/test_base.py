@@ -79,3 +79,30 @@ def test_evaluation_time_is_the_wall_time_of_evaluate(tokenizer_dir: Path, tmp_p
     asyncio.run(env.run_evaluation())
     metrics = json.loads((tmp_path / "evals" / "metrics.json").read_text())
     assert float(metrics["config_general"]["total_evaluation_time_seconds"]) >= 0.3
+
+
+class AsyncHook(Scripted):
+    """Atropos's style: an async add_rollouts_for_wandb that awaits the base class's."""
+
+    async def add_rollouts_for_wandb(self, scored_data: Any, item: Any = None) -> None:
+        await super().add_rollouts_for_wandb(scored_data, item)
+        self.hooked = "async"
+
+
+class PlainHook(Scripted):
+    def add_rollouts_for_wandb(self, scored_data: Any, item: Any = None) -> None:
+        self.hooked = "plain"
+
+
+@pytest.mark.parametrize("env_class, expected", [(AsyncHook, "async"), (PlainHook, "plain")])
+def test_add_rollouts_for_wandb_overrides_run_async_or_plain(env_class: type, expected: str, tokenizer_dir: Path,
+                                                             tmp_path: Path) -> None:
+    env = make_env(tokenizer_dir, tmp_path, env_class=env_class)
+
+    async def one_group() -> list[Any]:
+        group, _ = await env.collect_trajectories({"n": 1})
+        return await env.handle_send_to_api(group, do_send_to_api=False)
+
+    assert len(asyncio.run(one_group())) == 1
+    assert env.hooked == expected
+    assert len(env.rollouts_for_wandb) == (1 if expected == "async" else 0)
