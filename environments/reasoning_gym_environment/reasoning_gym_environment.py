@@ -8,7 +8,9 @@ generates one problem with a fresh seed. ``complexity_mode`` sets the difficulty
 ``curriculum`` one difficulty per task (starting at 0.3 of the range) that moves by steps
 of 0.05 (0.1 when far off) so that the task's recent group accuracy stays near
 ``curriculum_target_accuracy``. A difficulty in [0, 1] is turned into task settings by the
-task's own reasoning-gym curriculum (its levels), where the task has one.
+task's own reasoning-gym curriculum (its levels), where the task has one. Some tasks take
+minutes to generate at their top levels: an item that takes over 10 s is made with the
+task's default settings instead, and that task's levels are capped below the slow one.
 
 The model reasons in ``<think> ... </think>`` and gives one answer in ``<answer> ... </answer>``
 after it. Reward: the task's own ``score_answer`` on the ``<answer>`` content (tried bare
@@ -44,6 +46,7 @@ import os
 import random
 import re
 import sys
+import threading
 import time
 import uuid
 from typing import Any, Literal, Optional, Union
@@ -76,6 +79,7 @@ EVAL_TASKS = 20
 EVAL_TEMPERATURE = 0.1
 LENGTH_PENALTY_START = 0.75
 CURRICULUM_START = 0.3
+GENERATION_TIME_LIMIT = 10.0
 
 system_prompt = (
     "You are a deliberate reasoner. Before answering, think the problem through as thoroughly as you need "
@@ -184,6 +188,7 @@ class ReasoningGymEnv(BaseEnv):
         self.task_performance_history: dict[str, list[float]] = {}
         self.task_curricula: dict[str, Any] = {}
         self.task_group_counts: dict[str, int] = {}
+        self.task_level_caps: dict[str, int] = {}
         self._scorers: dict[str, Any] = {}
 
     @classmethod
@@ -302,25 +307,80 @@ class ReasoningGymEnv(BaseEnv):
             self.task_curricula[task] = rg_factory.create_curriculum(task) if rg_factory.has_curriculum(task) else None
         return self.task_curricula[task]
 
-    def _create_dataset_with_complexity(self, task: str, seed: int) -> Any:
-        """A one-item dataset of `task`: default settings, or those of its reasoning-gym
-        curriculum at the level matching the task's difficulty."""
+    def _curriculum_level(self, task: str) -> Optional[int]:
+        """The reasoning-gym curriculum level matching the task's difficulty now (None: use the
+        task's default settings), never above a level found too slow to generate."""
         if self.config.complexity_mode is None:
-            return reasoning_gym.create_dataset(task, size=1, seed=seed)
+            return None
+        curriculum = self._curriculum_for(task)
+        if curriculum is None or not curriculum.attributes:
+            return None
+        top = max(len(attribute.levels) - 1 for attribute in curriculum.attributes.values())
         complexity = min(1.0, max(0.0, self._get_task_complexity_level(task)))
-        try:
-            curriculum = self._curriculum_for(task)
-            if curriculum is not None and curriculum.attributes:
-                top = max(len(attribute.levels) - 1 for attribute in curriculum.attributes.values())
-                curriculum.set_global_level(round(complexity * top))
+        return min(round(complexity * top), self.task_level_caps.get(task, top))
+
+    def _build_dataset(self, task: str, level: Optional[int], seed: int) -> Any:
+        """A one-item dataset of `task` with its curriculum's settings at `level` (defaults for None,
+        or when those settings are invalid)."""
+        if level is not None:
+            try:
+                curriculum = rg_factory.create_curriculum(task)  # a fresh one: this may run in a thread
+                curriculum.set_global_level(level)
                 config = curriculum.generate_configuration({"seed": seed, "size": 1})
                 if hasattr(config, "validate"):
                     config.validate()
                 dataset_cls, _ = rg_factory.DATASETS[task]
                 return dataset_cls(config=config)
-        except Exception as exc:
-            self.logger.debug("curriculum settings failed for %s (%s): using its defaults", task, exc)
+            except Exception as exc:
+                self.logger.debug("level %d settings of %s are unusable (%s): using its defaults", level, task, exc)
         return reasoning_gym.create_dataset(task, size=1, seed=seed)
+
+    def _create_dataset_with_complexity(self, task: str, seed: int) -> Any:
+        """A one-item dataset of `task` at the task's current difficulty."""
+        return self._build_dataset(task, self._curriculum_level(task), seed)
+
+    async def _generate(self, task: str, seed: int) -> tuple[Any, dict[str, Any]]:
+        """(dataset, its item) at the task's difficulty, built off the event loop.
+
+        Some tasks take minutes at their hardest curriculum levels (zebra puzzles, jugs, 12
+        queens): after `GENERATION_TIME_LIMIT` seconds the item is made with the task's default
+        settings instead and the task's levels are capped below the slow one from then on
+        (the abandoned generation finishes in a daemon thread).
+        """
+        level = self._curriculum_level(task)
+        if level is None:
+            dataset = self._build_dataset(task, None, seed)
+            return dataset, next(iter(dataset))
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future = loop.create_future()
+
+        def settle(result: tuple) -> None:
+            if not done.done():
+                done.set_result(result)
+
+        def work() -> None:
+            try:
+                dataset = self._build_dataset(task, level, seed)
+                result: tuple = (dataset, next(iter(dataset)), None)
+            except Exception as exc:
+                result = (None, None, exc)
+            try:
+                loop.call_soon_threadsafe(settle, result)
+            except RuntimeError:  # the loop is gone
+                pass
+
+        threading.Thread(target=work, name=f"reasoning-gym {task}", daemon=True).start()
+        try:
+            dataset, entry, error = await asyncio.wait_for(asyncio.shield(done), GENERATION_TIME_LIMIT)
+        except asyncio.TimeoutError:
+            self.task_level_caps[task] = max(0, level - 1)
+            self.logger.warning("%s at level %d took over %.0f s to generate: its levels are capped at %d",
+                                task, level, GENERATION_TIME_LIMIT, self.task_level_caps[task])
+            dataset = self._build_dataset(task, None, seed)
+            return dataset, next(iter(dataset))
+        if error is not None:
+            raise error
+        return dataset, entry
 
     def _update_task_performance(self, task: str, score: float) -> None:
         if self.config.complexity_mode != "curriculum":
@@ -376,14 +436,16 @@ class ReasoningGymEnv(BaseEnv):
     async def get_next_item(self) -> Optional[Item]:
         if not self.task_names:
             return None
-        task = self.rng.choice(self.task_names)
-        seed = self.config.seed + self.iter
-        self.iter += 1
-        try:
-            dataset = self._create_dataset_with_complexity(task, seed)
-            entry = next(iter(dataset))
-        except Exception as exc:
-            self.logger.warning("could not generate a %s problem with seed %d: %s", task, seed, exc)
+        for _ in range(5):  # a generator that fails on a seed is skipped, not the end of the data
+            task = self.rng.choice(self.task_names)
+            seed = self.config.seed + self.iter
+            self.iter += 1
+            try:
+                dataset, entry = await self._generate(task, seed)
+                break
+            except Exception as exc:
+                self.logger.warning("could not generate a %s problem with seed %d: %s", task, seed, exc)
+        else:
             return None
         prompt = (frozenset({"role": "system", "content": system_prompt}.items()),
                   frozenset({"role": "user", "content": entry["question"]}.items()))
@@ -561,6 +623,7 @@ class ReasoningGymEnv(BaseEnv):
             "failed_save_file_batch_num": self.failed_save_file_batch_num,
             "task_complexity_levels": self.task_complexity_levels,
             "task_performance_history": self.task_performance_history, "task_group_counts": self.task_group_counts,
+            "task_level_caps": self.task_level_caps,
         })
         super().save_checkpoint(step, data)
 

@@ -3,8 +3,10 @@ truncated rollouts, the length penalty, the curriculum, and evaluation on a loca
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -115,6 +117,21 @@ def test_curriculum_steers_each_task_towards_the_target(tokenizer_dir):
         hard = env._create_dataset_with_complexity("chain_sum", 1).config
         assert (easy.max_terms, easy.max_digits) == (2, 1)
         assert hard.max_terms > easy.max_terms and hard.max_digits > easy.max_digits
+        # a level too slow to generate: default settings for this item, and the task is capped below it
+        real_build = env._build_dataset
+
+        def slow_build(task, level, seed):
+            if level is not None:
+                time.sleep(1.0)
+            return real_build(task, level, seed)
+
+        env._build_dataset = slow_build
+        module.GENERATION_TIME_LIMIT = 0.1
+        top = module.rg_factory.create_curriculum("chain_sum").attributes["num_terms"].levels
+        dataset, entry = asyncio.run(env._generate("chain_sum", 3))
+        assert dataset.config.max_terms == module.reasoning_gym.create_dataset("chain_sum", size=1, seed=3).config.max_terms
+        assert entry["metadata"]["source_dataset"] == "chain_sum"
+        assert env.task_level_caps["chain_sum"] == len(top) - 2
     finally:
         sys.modules.pop(spec.name, None)
 
