@@ -3,18 +3,19 @@ calls and `tokenize_for_trainer` pass, unmodified, against this project.
 
 Environments' own tests are written the same way (`ServerHarness`, mock tokenizers,
 patched module attributes), so these suites check that such tests keep working. Only tests
-that need a GPU, an API key or the internet may skip. ``test_reasoning_models.py`` is not
-run: it needs the ``environments/eval_environments`` package, which this project does not
-have yet.
+that need a GPU, an API key or the internet may skip. ``test_reasoning_models.py`` also
+imports ``environments.eval_environments.eval_helpers`` from the repository root.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from tests.reference_tests import (
+    REPO,
     TRANSFORMERS4_PYTHON,
     copy_reference_tests,
     offline_hub_cache,
@@ -29,6 +30,7 @@ SERVER_SUITES = [
     "test_trl_vllm_server.py", "test_server_logprobs.py", "test_openai_api_workarounds.py",
 ]
 TOKENIZE_SUITE = "test_utils/test_tokenize_for_trainer.py"
+REASONING_SUITE = "test_reasoning_models.py"
 # The hub tokenizer that suite loads (gated; its fallback is used when it cannot load).
 TOKENIZE_SUITE_TOKENIZER = "meta-llama/Llama-3.2-1B-Instruct"
 OFFLINE = {"HF_HUB_OFFLINE": "1"}  # no hub here: fail at once instead of retrying for a minute
@@ -66,3 +68,15 @@ def test_reference_tokenize_for_trainer_suite_passes(tmp_path: Path) -> None:
     result = run_reference_tests(package, python=TRANSFORMERS4_PYTHON, env={**OFFLINE, "HF_HUB_CACHE": str(cache)})
     assert not result.failed, f"{result.summary()}; failed: {result.failed}\n{result.output}"
     assert result.passed == ["reftests.test_tokenize_for_trainer::test_tokenize_for_trainer_mask_len_last_turn_only"]
+
+
+@pytest.mark.slow
+def test_reference_reasoning_models_suite_passes(tmp_path: Path) -> None:
+    """ReasoningConfig, BaseEnvConfig's reasoning fields and eval_helpers' Hermes prompts and
+    reasoning extraction; the suite finds ``environments`` on the path, as from a checkout."""
+    package = copy_reference_tests(_reference_source(), [REASONING_SUITE], tmp_path)
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    result = run_reference_tests(package, env={**OFFLINE, "PYTHONPATH": path})
+    assert not result.failed, f"{result.summary()}; failed: {result.failed}\n{result.output}"
+    assert not result.disallowed_skips(), result.disallowed_skips()
+    assert len(result.passed) >= 12, result.summary()

@@ -19,7 +19,7 @@ class ReasoningConfig:
 
     def __post_init__(self) -> None:
         if self.effort is not None and self.effort not in EFFORT_TO_MAX_TOKENS:
-            raise ValueError(f"unknown reasoning effort {self.effort!r}; use one of {', '.join(EFFORT_TO_MAX_TOKENS)}")
+            raise ValueError(f"Invalid reasoning_effort {self.effort!r}: use one of {', '.join(EFFORT_TO_MAX_TOKENS)}")
         if self.effort is not None or self.max_tokens is not None:
             self.enabled = True
 
