@@ -49,7 +49,7 @@ import sys
 import threading
 import time
 import uuid
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal, Optional
 
 from pydantic import Field, field_validator
 
