@@ -19,7 +19,7 @@ import time
 import uuid
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Iterator, Optional, Union
 
 from atroposlib.envs import accept
 from atroposlib.envs.config import BaseEnvConfig
@@ -52,6 +52,15 @@ def first_free_path(path: Path) -> Path:
         candidate = path.with_name(f"{path.stem}_{k}{path.suffix}")
     return candidate
 
+
+
+class EvaluationLogged:
+    """What `BaseEnv.evaluate_log` returns: awaiting it is allowed and does nothing (the
+    results are already written), so both ``self.evaluate_log(...)`` and Atropos's
+    ``await self.evaluate_log(...)`` work."""
+
+    def __await__(self) -> Iterator[None]:
+        return iter(())
 
 class BaseEnv(ABC):
     """An RL environment: subclass it, implement the hooks, run ``MyEnv.cli()``."""
@@ -316,11 +325,14 @@ class BaseEnv(ABC):
         start_time: Optional[float] = None, end_time: Optional[float] = None,
         generation_parameters: Optional[dict[str, Any]] = None,
         samples: Optional[list[dict[str, Any]]] = None, verbose: bool = True,
-    ) -> None:
-        """Save evaluation results to ``data_dir_to_save_evals`` (metrics.json, samples.jsonl)."""
+    ) -> "EvaluationLogged":
+        """Save evaluation results to ``data_dir_to_save_evals`` (metrics.json, samples.jsonl).
+
+        The results are written before this returns. Atropos's method is a coroutine, so its
+        environments ``await`` it: the value returned may be awaited (it does nothing more)."""
         if self.config.data_dir_to_save_evals is None:
             log.warning("data_dir_to_save_evals is not set: evaluation results are not saved")
-            return
+            return EvaluationLogged()
         write_eval_results(
             metrics,
             eval_dir=self.config.data_dir_to_save_evals,
@@ -334,6 +346,7 @@ class BaseEnv(ABC):
         )
         if self.wandb.active:
             self.wandb.log(metrics, step=self.curr_step)
+        return EvaluationLogged()
 
     # -- running ---------------------------------------------------------------------------------
     async def run_evaluation(self) -> None:

@@ -106,3 +106,18 @@ def test_add_rollouts_for_wandb_overrides_run_async_or_plain(env_class: type, ex
     assert len(asyncio.run(one_group())) == 1
     assert env.hooked == expected
     assert len(env.rollouts_for_wandb) == (1 if expected == "async" else 0)
+
+
+class AwaitsEvaluateLog(Scripted):
+    """Atropos's eval environments ``await self.evaluate_log(...)``."""
+
+    async def evaluate(self, *args: Any, **kwargs: Any) -> None:
+        await self.evaluate_log({"eval/accuracy": 0.5}, samples=[{"answer": "4"}])
+
+
+def test_evaluate_log_can_be_awaited_as_in_atropos(tokenizer_dir: Path, tmp_path: Path) -> None:
+    env = make_env(tokenizer_dir, tmp_path, env_class=AwaitsEvaluateLog)
+    asyncio.run(env.run_evaluation())
+    metrics = json.loads((tmp_path / "evals" / "metrics.json").read_text())
+    assert metrics["results"]["all"]["eval/accuracy"] == 0.5
+    assert (tmp_path / "evals" / "samples.jsonl").exists()
