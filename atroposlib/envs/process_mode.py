@@ -16,6 +16,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from atroposlib.envs.accept import DROP_EXPLANATIONS
+from atroposlib.envs.server_handling.server_manager import ManagedServerUnsupported
 from atroposlib.envs.wandb_logging import run_name
 from atroposlib.frontend.jsonl2html import generate_html
 
@@ -76,6 +77,8 @@ async def _one_group(env: Any, item: Any) -> int:
         result = await env.postprocess_histories(result)
         kept = await env.handle_send_to_api(result, item, do_send_to_api=False, abort_on_any_max_length_exceeded=False)
         return len(kept)
+    except ManagedServerUnsupported:
+        raise  # a configuration error: every group would fail the same way
     except Exception:
         log.exception("a group failed")
         env.skipped["error"] += 1
@@ -109,6 +112,9 @@ async def process(env: Any) -> None:
             if not running:
                 break
             done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+            failures = [task.exception() for task in done if not task.cancelled() and task.exception() is not None]
+            if failures:  # every one is retrieved, so none is reported again as "never retrieved"
+                raise failures[0]
             for task in done:
                 count = task.result()
                 progress.group_done(count)
@@ -124,6 +130,7 @@ async def process(env: Any) -> None:
     finally:
         for task in running:
             task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
         progress.close()
         env.close_jsonl_writer()
         env.wandb.finish()

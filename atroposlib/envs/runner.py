@@ -15,6 +15,7 @@ import yaml
 
 from atroposlib.envs.cli import ConfigError, RunSettings, describe, resolve_settings
 from atroposlib.envs.serve_mode import ServeSetupError
+from atroposlib.envs.server_handling.server_manager import ManagedServerUnsupported
 from atroposlib.envs.tokenizer_loading import TokenizerUnavailable
 
 log = logging.getLogger("atroposlib.envs")
@@ -126,6 +127,9 @@ def main(env_cls: Any, argv: Optional[Sequence[str]] = None) -> None:
     except ServeSetupError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
+    except ManagedServerUnsupported as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         raise SystemExit(130) from None

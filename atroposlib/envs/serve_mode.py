@@ -27,6 +27,7 @@ import platformdirs
 
 from atroposlib.envs.api_client import Rejected, TrajectoryApiClient
 from atroposlib.envs.serve_report import ServeReport, duration
+from atroposlib.envs.server_handling.server_manager import ManagedServerUnsupported
 from atroposlib.envs.stopping import StopRequest
 from atroposlib.envs.types import EvalHandlingEnum
 from atroposlib.envs.wandb_logging import run_name
@@ -193,6 +194,9 @@ async def run_item(env: Any, key: str, item: Any) -> None:
             result = await env.postprocess_histories(result)
     except asyncio.CancelledError:
         raise
+    except ManagedServerUnsupported as exc:
+        env.fatal_error = exc  # the main loop stops the run with it
+        result = None
     except Exception:
         log.exception("collect_trajectories failed")
         result = None
@@ -259,6 +263,8 @@ async def main_loop(env: Any, report: ServeReport) -> None:
     """Keep rollouts running until the run's last step is covered."""
     config = env.config
     while True:
+        if getattr(env, "fatal_error", None) is not None:
+            raise env.fatal_error
         now = time.monotonic()
         if env.last_loop_time is not None:
             env.mainloop_timings.append(now - env.last_loop_time)

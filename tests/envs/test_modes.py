@@ -248,3 +248,30 @@ def test_serve_says_why_it_drops_equal_score_groups(tokenizer_dir: Path, inferen
     summary = next(line for line in log.splitlines() if "serve stopped (SIGTERM received)" in line)
     assert re.search(r"0 groups sent \(0 rollouts\), (\d+) dropped \(same_scores \1\)", summary), summary
     assert summary.endswith("--env.ensure_scores_are_not_same false keeps groups whose scores are all equal")
+
+
+
+GSM8K = Path(__file__).resolve().parents[2] / "environments" / "gsm8k_server.py"
+
+
+def test_managed_server_on_an_openai_backend_stops_process_and_serve_with_the_hint(
+    tokenizer_dir: Path, inference_url: str, tmp_path: Path
+) -> None:
+    import sys
+
+    rows = tmp_path / "train.jsonl"
+    rows.write_text("".join(json.dumps({"question": f"What is {a} + {a}?", "answer": f"#### {2 * a}"}) + "\n"
+                            for a in range(1, 6)))
+    flags = common_flags(tokenizer_dir, inference_url, tmp_path) + [
+        "--env.total_steps", "4", "--env.group_size", "2", "--env.train_file", str(rows), "--env.test_file", str(rows)]
+    processed = subprocess.run([sys.executable, str(GSM8K), "process", *flags, "--env.data_path_to_save_groups",
+                                str(tmp_path / "g.jsonl")], cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert processed.returncode == 2, processed.stderr[-3000:]
+    assert "--openai.server_type vllm" in processed.stderr and "Traceback" not in processed.stderr
+    with ApiProcess(tmp_path / "state") as api:
+        httpx.post(api.url + "/register", json=registration(8)).raise_for_status()
+        httpx.get(api.url + "/batch")
+        served = subprocess.run([sys.executable, str(GSM8K), "serve", *flags, "--env.rollout_server_url", api.url],
+                                cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert served.returncode == 2, served.stderr[-3000:]
+    assert "--openai.server_type vllm" in served.stderr

@@ -79,6 +79,12 @@ def slurm_inference_urls() -> list[str]:
     ]
 
 
+
+class ManagedServerUnsupported(NotImplementedError):
+    """`managed_server()` was asked of a backend that returns no token ids (plain OpenAI):
+    a configuration error, so `serve` and `process` stop at the first one instead of
+    failing every rollout."""
+
 class ServerManager:
     """Routes chat, completion and token requests across inference servers."""
 
@@ -216,9 +222,10 @@ class ServerManager:
         server = self.server_at(base_url) if base_url is not None else self.pick_server(training=True)
         if type(server) is OpenAIServer:  # plain OpenAI routes return no token ids
             if os.environ.get("ATROPOS_ALLOW_DUMMY_MANAGED_SERVER", "").lower() not in ("1", "true", "yes"):
-                raise NotImplementedError(
-                    "managed_server() needs token ids, which OpenAI endpoints do not return: use server_type vllm, "
-                    "or set ATROPOS_ALLOW_DUMMY_MANAGED_SERVER=1 to get dummy tokens (never train on them)"
+                raise ManagedServerUnsupported(
+                    "managed_server() needs token ids, which OpenAI endpoints do not return: pass "
+                    "--openai.server_type vllm (or sglang), or set ATROPOS_ALLOW_DUMMY_MANAGED_SERVER=1 to get "
+                    "dummy tokens (never train on them)"
                 )
             log.warning("managed_server() on an OpenAI endpoint: dummy tokens, not for training")
             managed: Any = DummyManagedServer(server, tokenizer)
