@@ -49,6 +49,10 @@ def resolve_openai_configs(
         if isinstance(default_server_configs, ServerBaseline) and not (yaml_openai or cli_passed_flags):
             return default_server_configs
         if many_default:
+            if yaml_openai and logger is not None:  # Atropos ignores it too; say so instead of silently
+                logger.warning("the YAML 'openai:' section (one server) is ignored: the environment's config_init "
+                               "defines %d servers; list as many servers in the YAML (the same one repeated works)",
+                               len(default_server_configs))
             return default_server_configs
         resolved = APIServerConfig(**openai_config_dict)
     except ValidationError as exc:
