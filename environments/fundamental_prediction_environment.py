@@ -176,11 +176,17 @@ class FundamentalPredictionEnv(BaseEnv):
         return {"messages": self._messages(row), "answer": row["answer"], "magnitude": row["magnitude"],
                 "fundamental_metric": row["fundamental_metric"]}
 
+    def _room(self, prompt: str, wanted: int) -> int:
+        """`wanted` new tokens, or fewer when the prompt leaves less room in max_token_length
+        (a server refuses a request longer than its context)."""
+        used = len(self.tokenizer.encode(prompt, add_special_tokens=False))
+        return max(1, min(wanted, self.config.max_token_length - used))
+
     async def collect_trajectories(self, item) -> Tuple[Optional[ScoredDataGroup], List]:
         prompt = self.tokenizer.apply_chat_template(item["messages"], add_generation_prompt=True, tokenize=False)
         async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
             completion = await managed.completion(
-                prompt=prompt, n=self.config.group_size, max_tokens=TRAIN_MAX_TOKENS, temperature=0.8,
+                prompt=prompt, n=self.config.group_size, max_tokens=self._room(prompt, TRAIN_MAX_TOKENS), temperature=0.8,
             )
             nodes = managed.get_state()["nodes"]
         rollouts = [{
@@ -226,7 +232,7 @@ class FundamentalPredictionEnv(BaseEnv):
         messages = self._messages(row)
         prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         completion = await self.server.completion(
-            prompt=prompt, n=1, max_tokens=EVAL_MAX_TOKENS, temperature=0.2, split="eval",
+            prompt=prompt, n=1, max_tokens=self._room(prompt, EVAL_MAX_TOKENS), temperature=0.2, split="eval",
         )
         text = completion.choices[0].text
         direction, magnitude = extract_prediction(text, row["fundamental_metric"])

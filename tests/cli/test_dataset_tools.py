@@ -107,9 +107,7 @@ def test_dataset_from_a_serving_environment_and_from_its_process_file(tokenizer_
                 log, _ = tool.communicate(timeout=TOOL_S * 2)
             finally:
                 for process in (tool, env):
-                    if process.poll() is None:
-                        process.send_signal(signal.SIGINT)
-                        process.wait(30)
+                    stop(process)
             assert tool.returncode == 0, log[-2000:]
             rows = [json.loads(line) for line in output.read_text().splitlines()]
             assert len(rows) >= 4 and all(row["score"] > 0 and "+" in row["prefix"] for row in rows)
@@ -128,6 +126,18 @@ def test_dataset_from_a_serving_environment_and_from_its_process_file(tokenizer_
     assert done.returncode == 0, done.stderr
     for pair in map(json.loads, pairs.read_text().splitlines()):
         assert pair["pos"] != pair["neg"] and pair["pos"][-1]["role"] == "assistant"
+
+
+def stop(process: subprocess.Popen) -> None:
+    """Ctrl-C, then a second one (serve stops at once on it), then SIGKILL: never left running."""
+    for signum, grace in ((signal.SIGINT, 90), (signal.SIGINT, 30), (signal.SIGKILL, 30)):
+        if process.poll() is not None:
+            return
+        process.send_signal(signum)
+        try:
+            process.wait(grace)
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def run_tool(capsys: pytest.CaptureFixture[str], *args: str) -> subprocess.CompletedProcess:

@@ -37,12 +37,13 @@ def run_cli(script: str | Path, mode: str, *flags: str) -> None:
 
 
 def process_groups(script: str | Path, tmp_path: Path, inference_url: str, tokenizer_dir: Path, *flags: str,
-                   steps: int = 2, group_size: Optional[int] = None, server_type: str = "openai") -> list[dict[str, Any]]:
+                   steps: int = 2, group_size: Optional[int] = None, server_type: str = "openai",
+                   model_name: str = "scripted") -> list[dict[str, Any]]:
     """Run `script` in process mode for `steps` groups against `inference_url`; the groups it wrote."""
     out = tmp_path / f"{Path(script).stem}_groups.jsonl"
     common = [
         "--env.tokenizer_name", str(tokenizer_dir), "--openai.base_url", f"{inference_url}/v1",
-        "--openai.model_name", "scripted", "--openai.api_key", "x", "--openai.server_type", server_type,
+        "--openai.model_name", model_name, "--openai.api_key", "x", "--openai.server_type", server_type,
         "--openai.tokenizer_name", str(tokenizer_dir),
         "--env.use_wandb", "false", "--env.total_steps", str(steps), "--env.data_path_to_save_groups", str(out),
         "--env.spool_dir", str(tmp_path / "spool"),
