@@ -8,6 +8,7 @@ what happens without them instead.
 from __future__ import annotations
 
 import argparse
+import textwrap
 
 
 class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -17,3 +18,9 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         if action.default is None or action.default is False:
             return action.help or ""
         return super()._get_help_string(action) or ""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        # A default path such as /tmp/my-clone/environments/... stays whole: argparse would
+        # cut it at its hyphen.
+        text = " ".join(text.split())
+        return textwrap.wrap(text, width, break_on_hyphens=False, break_long_words=False)
