@@ -60,10 +60,11 @@ from atroposlib.type_definitions import GameHistory, Item
 from atroposlib.utils.tokenize_for_trainer import tokenize_for_trainer
 
 try:
-    from environments.code_execution_server.code_sandbox import (
-        FlaskRunner, LocalSandbox, ModalGrader, SandboxLimits, grade, passed)
+    from environments.code_execution_server.code_grading import FlaskRunner, ModalGrader, grade, passed
+    from environments.code_execution_server.code_sandbox import LocalSandbox, SandboxLimits
 except ImportError:  # run as a script: this folder is on sys.path
-    from code_sandbox import FlaskRunner, LocalSandbox, ModalGrader, SandboxLimits, grade, passed
+    from code_grading import FlaskRunner, ModalGrader, grade, passed
+    from code_sandbox import LocalSandbox, SandboxLimits
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,8 @@ from tests.environments.harness import ENVIRONMENTS, process_groups, run_cli
 from tests.environments.scripted_inference import ScriptedInference
 
 sys.path.insert(0, str(ENVIRONMENTS / "code_execution_server"))
-from code_sandbox import FlaskRunner, LocalSandbox, SandboxLimits, grade, passed, stdout_matches  # noqa: E402
+from code_grading import FlaskRunner, grade, passed, stdout_matches  # noqa: E402
+from code_sandbox import LocalSandbox, SandboxLimits  # noqa: E402
 
 SCRIPT = "code_execution_server/coding_server.py"
 FIXTURES = ENVIRONMENTS / "fixtures" / "code_execution_server"
