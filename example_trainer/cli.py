@@ -63,7 +63,7 @@ def _training_args(parser: argparse.ArgumentParser) -> None:
                        help="forward passes per optimizer step; the API batch is batch-size x this")
     group.add_argument("--warmup-steps", type=int, default=0, help="steps of linear learning-rate warm-up (0: none)")
     group.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw_8bit",
-                       help="adamw_8bit needs bitsandbytes and falls back to adamw without it")
+                       help="adamw, adamw_8bit (needs bitsandbytes; falls back to adamw without it) or adafactor")
     group.add_argument("--adafactor-scale-parameter", action="store_true",
                        help="Adafactor's scale_parameter (with --optimizer adafactor)")
     group.add_argument("--adafactor-relative-step", action="store_true",
@@ -84,7 +84,8 @@ def _grpo_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--use-env-advantages", action="store_true",
                        help="use the per-token advantages environments send instead of normalised scores")
     group.add_argument("--missing-logprobs", choices=("on_policy", "error"), default="on_policy",
-                       help="rollouts without inference logprobs: train on-policy (ratio 1) or stop with an error")
+                       help="rollouts without inference logprobs: on_policy trains on them with ratio 1, "
+                            "error stops the run")
 
 
 def _vllm_args(parser: argparse.ArgumentParser) -> None:
@@ -127,7 +128,7 @@ def _mode_args(parser: argparse.ArgumentParser) -> None:
                             "lora_only (hot-swap adapters), lora_restart (adapters + restart), "
                             "shared_vllm (CUDA IPC)")
     group.add_argument("--vllm-config-path", default=None,
-                       help="vllm_bridge_config.json for shared_vllm (default: searched for)")
+                       help="Atropos's vllm_bridge_config.json for shared_vllm; accepted, not read by this release")
     group.add_argument("--train-layer-indices", type=parse_layer_indices, default=None,
                        help="train only these layers, e.g. 20-31 or 0-3,28-31 (default: all)")
 

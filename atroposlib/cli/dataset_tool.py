@@ -37,24 +37,31 @@ SelectRows = Callable[[Any, dict[str, Any]], list[dict[str, Any]]]
 
 def add_common_arguments(parser: argparse.ArgumentParser, *, min_diff_default: float) -> None:
     """The flags both tools share (Atropos's names and defaults, then this project's)."""
-    parser.add_argument("filepath", type=str, help="JSONL file to write the rows to.")
+    parser.add_argument("filepath", type=str,
+                        help="JSONL file to write the rows to (refused if it exists, unless --append-to-previous).")
     parser.add_argument("--api-url", type=str, default="http://localhost:8000", help="Trajectory API to read from.")
     parser.add_argument("--group-size", type=int, default=2, help="Rollouts per group (sets the registered batch size).")
     parser.add_argument("--max-token-len", type=int, default=2048, help="max_token_len registered with the API.")
     parser.add_argument("--tokenizer", type=str, default=DEFAULT_TOKENIZER,
-                        help="Tokenizer (Hugging Face id or folder) that decodes the tokens into text rows.")
+                        help="Tokenizer (Hugging Face id or folder) that decodes the tokens into text rows; "
+                             "not loaded with --save-messages.")
     parser.add_argument("--save-messages", action="store_true",
                         help="Write the groups' chat messages instead of decoded text (the environment must send messages).")
-    parser.add_argument("--num-seqs-to-save", type=int, default=100, help="Stop once this many rows are written.")
+    parser.add_argument("--num-seqs-to-save", type=int, default=100,
+                        help="Stop once this many rows are written (from the API, every row of the last batch taken "
+                             "is written).")
     parser.add_argument("--allow-negative-scores", action="store_true", help="Keep rollouts scoring 0 or less.")
     parser.add_argument("--minimum-score-diff-max-min", type=float, default=min_diff_default,
-                        help="Minimum score margin a kept rollout (or pair) needs over the group's worst.")
+                        help="Score margin a kept row needs: over the group's worst rollout (sft), or of a pair's "
+                             "chosen over its rejected (dpo).")
     parser.add_argument("--append-to-previous", action="store_true", help="Append to FILEPATH when it exists.")
     parser.add_argument("--from-jsonl", type=Path, metavar="PATH",
                         help="Read groups from this `process` JSONL file instead of the API.")
-    parser.add_argument("--reset", action="store_true", help="Wipe the API's queued data before registering.")
+    parser.add_argument("--reset", action="store_true",
+                        help="Wipe the API's run before registering (Atropos's tools always did).")
     parser.add_argument("--force", action="store_true",
-                        help="Take batches even though a trainer is registered (they are then lost to it).")
+                        help="Take batches even though a trainer is registered (they are then lost to it); "
+                             "without it the tool refuses (exit 2).")
 
 
 @dataclass

@@ -6,16 +6,22 @@ and its text prompt instead of the raw prefix (see `viewer_images` for where the
 
 from __future__ import annotations
 
+import argparse
 from typing import Optional, Sequence
 
-from atroposlib.cli.view_run import build_parser, check_args, run
+from atroposlib.cli import view_run
+from atroposlib.cli.view_run import check_args, run
 
 PROG = "view-run-multimodal"
 DEFAULT_TOKENIZER = "Qwen/Qwen2-VL-2B-Instruct"
 
 
+def build_parser() -> argparse.ArgumentParser:
+    return view_run.build_parser(PROG, DEFAULT_TOKENIZER, what="image-and-text groups")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = build_parser(PROG, DEFAULT_TOKENIZER, what="image-and-text groups")
+    parser = build_parser()
     args = parser.parse_args(argv)
     check_args(parser, args)
     return run(args, prog=PROG, multimodal=True)

@@ -25,11 +25,15 @@ class BaseEnvConfig(BaseModel):
     steps_per_eval: int = Field(default=100, description="Evaluate every this many trainer steps; <= 0 disables.")
     max_token_length: int = Field(default=2048, description="Generation budget in tokens.")
     eval_handling: EvalHandlingEnum = Field(
-        default=EvalHandlingEnum.STOP_TRAIN, description="What training does during evaluation."
+        default=EvalHandlingEnum.STOP_TRAIN,
+        description="What rollouts do while an evaluation runs: STOP_TRAIN cancels them and starts none, "
+        "LIMIT_TRAIN keeps eval_limit_ratio of the workers, NONE carries on.",
     )
     eval_limit_ratio: float = Field(default=0.5, description="Share of workers kept during evaluation with LIMIT_TRAIN.")
     inference_weight: float = Field(default=1.0, description="Share of inference for this env; -1 to ignore.")
-    batch_size: int = Field(default=-1, description="Trainer batch size (taken from the API).")
+    batch_size: int = Field(
+        default=-1, description="Trainer batch size; serve mode takes it from the trainer's registration at the API."
+    )
     max_batches_offpolicy: int = Field(
         default=3, description="Queue cap in trainer batches before new rollouts pause; <= 0 disables."
     )
@@ -60,7 +64,8 @@ class BaseEnvConfig(BaseModel):
     max_reasoning_tokens: Optional[int] = Field(default=None, description="Reasoning budget (1024 to 32000).")
     custom_thinking_prompt: Optional[str] = Field(default=None, description="System prompt for thinking mode.")
     spool_dir: Optional[str] = Field(
-        default=None, description="Where undeliverable groups wait to be re-sent (default: user cache dir)."
+        default=None, description="Where groups the API could not take wait to be re-sent, also after a restart; "
+        "null: <user cache dir>/atroposlib/spool/<wandb_name>."
     )
     spool_max_bytes: int = Field(default=2 * 1024**3, description="Spool size at which new rollouts pause.")
     cancel_workers_on_backpressure: bool = Field(
@@ -73,7 +78,8 @@ class BaseEnvConfig(BaseModel):
     )
     disconnect_on_exit: bool = Field(default=True, description="Tell the API on orderly shutdown.")
     progress_log_interval: float = Field(
-        default=30.0, description="Seconds between serve mode's progress lines (step, groups sent); <= 0: none."
+        default=30.0, description="Seconds between serve mode's progress lines (step, groups sent, dropped by reason, "
+        "queue); <= 0: none. A summary line is always logged at the end."
     )
 
     @field_validator("reasoning_effort")

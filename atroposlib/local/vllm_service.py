@@ -267,7 +267,8 @@ def build_parser() -> argparse.ArgumentParser:
                                   formatter_class=DefaultsHelpFormatter)
     install.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto",
                          help="Build to install; auto: gpu when nvidia-smi lists a GPU, else cpu.")
-    install.add_argument("--path", type=Path, help="Runtime folder (default: $ATROPOS_HOME/vllm-runtime).")
+    install.add_argument("--path", type=Path,
+                         help="Runtime folder (default: $ATROPOS_VLLM_RUNTIME, else $ATROPOS_HOME/vllm-runtime).")
     serve_help = "Serve a model and print the --openai.* flags to use; stops on Ctrl-C, SIGTERM or SIGHUP."
     serve = commands.add_parser("serve", help=serve_help, description=serve_help,
                                 formatter_class=DefaultsHelpFormatter)

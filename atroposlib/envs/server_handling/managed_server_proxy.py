@@ -266,14 +266,19 @@ def load_backends(path: Path) -> ProxyBackends:
         raise SystemExit(f"error: cannot use --config {path}: {exc}") from None
 
 
-def main(argv: Optional[list[str]] = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="managed_server_proxy", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", type=Path, required=True, help="JSON file: model_name, tokenizer_name, servers.")
-    parser.add_argument("--port", type=int, default=9100)
-    parser.add_argument("--host", default="127.0.0.1", help="Address to listen on (default: loopback only).")
+    parser.add_argument("--port", type=int, default=9100, help="Port to listen on.")
+    parser.add_argument("--host", default="127.0.0.1", help="Address to listen on (127.0.0.1: this machine only).")
     parser.add_argument("--session-ttl", type=float, default=DEFAULT_SESSION_TTL, help="Idle seconds before a session expires.")
-    parser.add_argument("--api-key", default=os.environ.get("ATROPOS_PROXY_API_KEY"), help="Require this bearer token.")
-    args = parser.parse_args(argv)
+    parser.add_argument("--api-key", default=os.environ.get("ATROPOS_PROXY_API_KEY"),
+                        help="Require this bearer token (default: $ATROPOS_PROXY_API_KEY).")
+    return parser
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    args = build_parser().parse_args(argv)
     backends = load_backends(args.config)
     from transformers import AutoTokenizer
     import uvicorn
