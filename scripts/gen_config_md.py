@@ -176,8 +176,8 @@ def _with_mode_defaults(doc: FlagDoc, field: str, mode_defaults: dict[str, dict[
     return FlagDoc(doc.spellings, f"{doc.default} ({', '.join(changed)})", doc.meaning, doc.group)
 
 
-def _code_list(names: list[str]) -> str:
-    quoted = [f"`{name}`" for name in names]
+def _code_list(names: list[str], quote: bool = True) -> str:
+    quoted = [f"`{name}`" if quote else name for name in names]
     return quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " and " + quoted[-1]
 
 
@@ -192,7 +192,7 @@ def server_baseline_sentence(_: Blocks) -> str:
 
 def trainer_fields_sentence(blocks: Blocks) -> str:
     from example_trainer.cli import _DEST_TO_FIELD  # the one place that knows a flag's field
-    from example_trainer.config import TrainingConfig
+    from example_trainer.config import DEPRECATED_DEFAULTS, TrainingConfig
 
     parser = blocks.parsers["atropos-grpo"]
     renamed, reached = [], set()
@@ -202,13 +202,22 @@ def trainer_fields_sentence(blocks: Blocks) -> str:
         field = _DEST_TO_FIELD.get(action.dest, action.dest)
         reached.add(field)
         if action.help != argparse.SUPPRESS and action.option_strings[0][2:].replace("-", "_") != field:
-            renamed.append(f"`{action.option_strings[0]}` sets `{field}`")
+            renamed.append(f"`{action.option_strings[0]}` (`{field}`)")
     hidden = [action.option_strings[0] for action in hidden_actions(parser)]
-    unreached = [name for name in TrainingConfig.model_fields if name not in reached]
-    return (f"Each flag sets the `TrainingConfig` field of the same name with underscores, except: "
-            f"{', '.join(renamed)}. Accepted for compatibility and ignored, as in Atropos (hidden from "
-            f"`--help`, and setting one warns): {_code_list(hidden)}, and the field{'s' if len(unreached) > 1 else ''} "
-            f"{_code_list(unreached)}, which no flag sets.")
+    flagless = [name for name in TrainingConfig.model_fields if name not in reached]
+    sentences = [f"Each flag sets the `TrainingConfig` field of the same name with underscores"
+                 + (f", except {_code_list(renamed, quote=False)}." if renamed else ".")]
+    deprecated = [name for name in flagless if name in DEPRECATED_DEFAULTS]
+    if hidden or deprecated:
+        parts = ([f"the flags {_code_list(hidden)}, hidden from `--help`"] if hidden else []) + \
+                ([f"the field{'s' if len(deprecated) > 1 else ''} {_code_list(deprecated)}, which no flag sets"]
+                 if deprecated else [])
+        sentences.append(f"Accepted for compatibility and ignored, as by Atropos's trainer (a value other than "
+                         f"the default warns): {'; '.join(parts)}.")
+    python_only = [name for name in flagless if name not in DEPRECATED_DEFAULTS]
+    if python_only:
+        sentences.append(f"Set in Python only: {_code_list(python_only)}.")
+    return " ".join(sentences)
 
 
 def grpo_run_sentence(blocks: Blocks) -> str:
