@@ -139,7 +139,8 @@ def _spellings(action: argparse.Action) -> tuple[str, ...]:
     return (metavar,)
 
 
-def _argparse_default(action: argparse.Action) -> Any:
+def _argparse_default(action: argparse.Action) -> Optional[str]:
+    """The Default cell of a required flag or a switch; None for flags that take a value."""
     if action.required:
         return "required"
     if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):

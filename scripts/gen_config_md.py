@@ -186,8 +186,8 @@ def server_baseline_sentence(_: Blocks) -> str:
 
     shared = list(ServerBaseline.model_fields)
     own = [name for name in APIServerConfig.model_fields if name not in shared]
-    return (f"`ServerBaseline`, the settings of servers found through `--slurm` (no address of their own), "
-            f"has the fields {_code_list(shared)}; `APIServerConfig` adds {_code_list(own)}.")
+    return (f"`ServerBaseline`, which a `config_init()` may return for servers whose addresses are discovered "
+            f"(e.g. with `--slurm`), has the fields {_code_list(shared)}; `APIServerConfig` adds {_code_list(own)}.")
 
 
 def trainer_fields_sentence(blocks: Blocks) -> str:

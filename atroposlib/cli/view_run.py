@@ -39,7 +39,7 @@ def build_parser(prog: str = PROG, tokenizer: str = DEFAULT_TOKENIZER,
                     "(best highlighted), the prompt, each completion and its trained tokens.")
     parser.add_argument("--port", type=int, default=9001, help="port of the web page (default: %(default)s)")
     parser.add_argument("--host", default="127.0.0.1", help="address the page listens on (default: %(default)s)")
-    parser.add_argument("--share", action="store_true", help="also publish a public Gradio share link")
+    parser.add_argument("--share", action="store_true", help="also publish a public Gradio share link (Atropos's viewer always did)")
     parser.add_argument("--group-size", type=int, default=2,
                         help=f"rollouts per group; the registered batch size is this x {BATCH_GROUPS} "
                              "(default: %(default)s)")
