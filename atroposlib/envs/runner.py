@@ -16,6 +16,7 @@ import yaml
 from atroposlib.envs.cli import ConfigError, RunSettings, describe, resolve_settings
 from atroposlib.envs.serve_mode import ServeSetupError
 from atroposlib.envs.server_handling.server_manager import ManagedServerUnsupported
+from atroposlib.envs.server_handling.slurm import SlurmDiscoveryError
 from atroposlib.envs.tokenizer_loading import TokenizerUnavailable
 
 log = logging.getLogger("atroposlib.envs")
@@ -98,6 +99,9 @@ def _build_and_run(env_cls: Any, argv: Sequence[str], prog: str) -> None:
     except TokenizerUnavailable as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
+    except SlurmDiscoveryError as exc:
+        print(f"{prog}: --slurm: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     if settings.mode != "serve":
         missing = asyncio.run(env.server.unreachable())
         if len(missing) == len(env.server.servers):
@@ -108,8 +112,8 @@ def _build_and_run(env_cls: Any, argv: Sequence[str], prog: str) -> None:
 
 
 def main(env_cls: Any, argv: Optional[Sequence[str]] = None) -> None:
-    """Parse argv, build the environment and run the chosen mode; exit 2 on bad flags,
-    1 when the tokenizer or the inference server is missing, 130 when interrupted."""
+    """Parse argv, build the environment and run the chosen mode; exit 2 on bad flags or
+    Slurm variables, 1 when the tokenizer or the inference server is missing, 130 when interrupted."""
     configure_logging()
     try:
         asyncio.get_running_loop()

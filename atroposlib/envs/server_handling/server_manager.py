@@ -11,8 +11,6 @@ import asyncio
 import inspect
 import logging
 import os
-import shutil
-import subprocess
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Optional, Union
 
@@ -21,16 +19,16 @@ from atroposlib.envs.server_handling.configs import APIServerConfig, ServerBasel
 from atroposlib.envs.server_handling.openai_server import OpenAIServer, merge_choices
 from atroposlib.envs.server_handling.reasoning import ReasoningConfig
 from atroposlib.envs.server_handling.server_harness import TESTING_RESPONSE, ServerHarness
+from atroposlib.envs.server_handling.slurm import slurm_inference_urls
 
 log = logging.getLogger("atroposlib.inference")
 
 ServerConfigs = Union[ServerBaseline, APIServerConfig, list[APIServerConfig]]
 LOCAL_PORTS = range(9004, 9008)
-SLURM_FIRST_PORT = 9000
-GPUS_PER_NODE = 8
 
 __all__ = [
     "APIServer", "APIServerConfig", "ReasoningConfig", "ServerBaseline", "ServerManager", "ServerManagerConfig",
+    "slurm_inference_urls",
 ]
 
 
@@ -56,28 +54,6 @@ def server_setting(server: Any, name: str) -> Any:
     """The config field `name` of `server`, or None: stand-ins such as test harnesses may
     carry a config with only some of the fields."""
     return getattr(getattr(server, "config", None), name, None)
-
-
-def slurm_inference_urls() -> list[str]:
-    """Inference server URLs of the Slurm allocation: ports 9000.. on every node after
-    the first $NUM_TRAINING_NODES, 8 // $INFER_TP servers per node."""
-    nodelist = os.environ.get("SLURM_JOB_NODELIST")
-    if not nodelist or shutil.which("scontrol") is None:
-        return []
-    names = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True)
-    hosts = [line.strip() for line in names.stdout.splitlines() if line.strip()]
-    if len(hosts) < 2:
-        return []
-    if "NUM_TRAINING_NODES" not in os.environ:
-        log.warning("NUM_TRAINING_NODES is not set: assuming 1 training node")
-    training_nodes = int(os.environ.get("NUM_TRAINING_NODES", "1"))
-    per_node = GPUS_PER_NODE // int(os.environ.get("INFER_TP", "1"))
-    return [
-        f"http://{host}:{port}/v1"
-        for host in hosts[training_nodes:]
-        for port in range(SLURM_FIRST_PORT, SLURM_FIRST_PORT + per_node)
-    ]
-
 
 
 class ManagedServerUnsupported(NotImplementedError):

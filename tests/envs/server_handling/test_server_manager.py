@@ -63,7 +63,8 @@ def test_slurm_variables_are_read_only_with_slurm(monkeypatch) -> None:
     m = ServerManager(ServerBaseline())
     assert m.servers[0].config.base_url == "http://localhost:9004/v1"
     monkeypatch.setattr("shutil.which", lambda name: None)
-    assert slurm_inference_urls() == []
+    with pytest.raises(ValueError, match="scontrol is not on PATH"):
+        slurm_inference_urls()
 
 
 def test_reasoning_injection() -> None:
