@@ -2,7 +2,7 @@
 # Sets up the project and runs the whole test suite (what CI runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-step() { echo "test.sh [$1/6] $2" >&2; }
+step() { echo "test.sh [$1/7] $2" >&2; }
 step 1 "installing atroposlib with its dev, example_trainer, rewardfns, examples, quickstart and games extras into .venv"
 EXTRAS=dev,example_trainer,rewardfns,examples,quickstart bash scripts/setup.sh
 # TextWorld builds jericho from source (a C compiler); without it the TextWorld test skips.
@@ -48,5 +48,19 @@ if [ ! -x "${ATROPOS_CHROMIUM:-/usr/bin/chromium}" ]; then
 else
     step 5 "Chromium for the browser tests: ${ATROPOS_CHROMIUM:-/usr/bin/chromium}"
 fi
-step 6 "running the test suite"
+# The Slurm tests (tests/slurm) start a one-node cluster from Debian's slurm-wlm; they skip
+# without it (and install it themselves when they can).
+if ! command -v slurmctld >/dev/null; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        step 6 "installing Slurm for the Slurm tests (apt-get install slurm-wlm)"
+        (DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends slurm-wlm >/dev/null 2>&1 \
+            || { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends slurm-wlm >/dev/null 2>&1; }) \
+            || echo "note: Slurm not installed; the Slurm tests will be skipped"
+    else
+        step 6 "no Slurm and no root: the Slurm tests will be skipped (apt-get install -y slurm-wlm)"
+    fi
+else
+    step 6 "Slurm for the Slurm tests: $(command -v slurmctld)"
+fi
+step 7 "running the test suite"
 exec .venv/bin/python -m pytest -q -p no:cacheprovider --durations=15 "$@"
