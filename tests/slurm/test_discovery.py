@@ -89,6 +89,7 @@ def test_slurm_true_gives_every_discovered_server_the_configured_settings(monkey
                             tokenizer_name="tok")
     configs = [s.config for s in ServerManager([first, APIServerConfig(model_name="other")], slurm=True).servers]
     assert configs == [first.model_copy(update={"base_url": url}) for url in urls]
+    assert [s.config for s in ServerManager(first, slurm=True).servers] == configs
     baseline = ServerBaseline(model_name="m", timeout=7, num_max_requests_at_once=3, tokenizer_name="tok")
     discovered = [s.config for s in ServerManager(baseline, slurm=True).servers]
     assert discovered == [APIServerConfig(**baseline.model_dump(), base_url=url, api_key="x") for url in urls]

@@ -93,8 +93,8 @@ class ServerManager:
 
     @staticmethod
     def _resolve_configs(configs: ServerConfigs, slurm: bool) -> list[APIServerConfig]:
-        if isinstance(configs, APIServerConfig):
-            return [configs]
+        if isinstance(configs, APIServerConfig):  # one server: as a list of one (discovery copies it)
+            configs = [configs]
         if isinstance(configs, list):
             discovered = slurm_inference_urls() if slurm else []
             if not discovered:
