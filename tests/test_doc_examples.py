@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -14,6 +12,8 @@ import httpx
 
 from atroposlib.envs.server_handling.server_harness import TESTING_RESPONSE
 from tests.conftest import env_registration, group
+from tests.doc_blocks import doc_block
+from tests.doc_commands import block_environment, command_line, mirror_of_repository
 from tests.envs.conftest import start_fake_inference
 from tests.helpers import ApiProcess
 
@@ -42,41 +42,44 @@ def test_lease_loop_example_trains_on_every_batch(tmp_path: Path) -> None:
         assert result == [3]
 
 
+def _body(name: str) -> str:
+    """The example file without its module docstring."""
+    return (ROOT / "docs" / "examples" / f"{name}.py").read_text().split('"""', 2)[2].strip()
+
+
 def test_readme_shows_the_example_verbatim() -> None:
-    example = (ROOT / "docs" / "examples" / "lease_loop.py").read_text()
-    body = example.split('"""', 2)[2].strip()
-    assert body in (ROOT / "README.md").read_text()
+    assert doc_block("README.md", "lease-loop").strip() == _body("lease_loop")
 
 
-def _run_minimal_env(tmp_path: Path, tokenizer_dir: Path, *flags: str) -> list[dict]:
-    out = tmp_path / "groups.jsonl"
-    command = [sys.executable, str(ROOT / "docs" / "examples" / "minimal_env.py"), "process", "--env.total_steps", "2",
-               "--env.tokenizer_name", str(tokenizer_dir), "--env.data_path_to_save_groups", str(out), *flags]
-    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=180,
-                            env={**os.environ, "WANDB_MODE": "disabled"})
+def _run_minimal_env(tmp_path: Path, tokenizer_dir: Path, start: str, replace: dict[str, str]) -> list[dict]:
+    """The README's command starting with `start` (block minimal-env-run), run as written by bash in a
+    mirror of the repository, `$MODEL` being the test tokenizer; the groups it wrote."""
+    line = command_line("README.md", "minimal-env-run", start, replace)
+    workdir = mirror_of_repository(tmp_path / "work")
+    result = subprocess.run(["bash", "-euo", "pipefail", "-c", line], cwd=workdir, capture_output=True, text=True,
+                            timeout=180, env=block_environment(tmp_path, MODEL=str(tokenizer_dir)))
     assert result.returncode == 0, result.stderr[-3000:]
-    return [json.loads(line) for line in out.read_text().splitlines()]
+    return [json.loads(line) for line in (workdir / "data" / "addition.jsonl").read_text().splitlines()]
 
 
 def test_minimal_env_scores_right_and_wrong_answers(tmp_path: Path, tokenizer_dir: Path) -> None:
     inference, url = start_fake_inference()
     try:  # the fake server answers even-numbered choices right and odd ones off by one
-        groups = _run_minimal_env(tmp_path, tokenizer_dir, "--openai.base_url", url, "--openai.model_name", "m")
+        groups = _run_minimal_env(tmp_path, tokenizer_dir, "python docs/examples/minimal_env.py process --env.tokenizer_name",
+                                  {"http://127.0.0.1:9001/v1": url})
     finally:
         inference.terminate()
         inference.wait(10)
-    assert [group["scores"] for group in groups] == [[1.0, -1.0, 1.0, -1.0]] * 2
+    assert [group["scores"] for group in groups] == [[1.0, -1.0, 1.0, -1.0]] * 8  # total_steps 8: config_init's
     for group in groups:
         assert all(-100 in masks and masks[-1] != -100 for masks in group["masks"])
 
 
 def test_minimal_env_runs_without_a_model_under_testing(tmp_path: Path, tokenizer_dir: Path) -> None:
-    groups = _run_minimal_env(tmp_path, tokenizer_dir, "--testing")
-    assert [group["scores"] for group in groups] == [[-1.0] * 4] * 2  # kept: process mode keeps equal scores
+    groups = _run_minimal_env(tmp_path, tokenizer_dir, "python docs/examples/minimal_env.py process --testing", {})
+    assert [group["scores"] for group in groups] == [[-1.0] * 4] * 8  # kept: process mode keeps equal scores
     assert groups[0]["messages"][0][-1]["content"] == TESTING_RESPONSE
 
 
 def test_readme_shows_the_minimal_env_verbatim() -> None:
-    example = (ROOT / "docs" / "examples" / "minimal_env.py").read_text()
-    body = example.split('"""', 2)[2].strip()
-    assert body in (ROOT / "README.md").read_text()
+    assert doc_block("README.md", "minimal-env").strip() == _body("minimal_env")

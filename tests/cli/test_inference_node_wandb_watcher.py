@@ -22,6 +22,7 @@ import pytest
 from atroposlib.cli import inference_node_wandb_watcher as watcher_cli
 from atroposlib.cli.inference_node_wandb_watcher import Options, Watcher, parse_options, wandb_mode
 from tests.conftest import registration
+from tests.doc_commands import readme_arguments
 from tests.helpers import ApiProcess, free_port
 
 SCRIPT = Path(sys.executable).with_name("inference-node-wandb-watcher")
@@ -458,7 +459,8 @@ def test_offline_run_logs_the_gauges_and_stops_on_sigterm(tmp_path: Path) -> Non
         with ApiProcess(tmp_path / "state") as api:
             httpx.post(api.url + "/register", json=registration(
                 8, wandb_project="watch-proj", wandb_group="watch-grp", starting_step=5)).raise_for_status()
-            watcher = WatcherProcess(["--api_addr", api.url, "--tp", "8", "--node_num", "4",
+            readme = readme_arguments("console-tools", "inference-node-wandb-watcher", {"http://localhost:8000": api.url})
+            watcher = WatcherProcess([*readme, "--tp", "8", "--node_num", "4",
                                       "--base-port", str(health.port), "--interval", "0.2"],
                                      _base_env(tmp_path, "offline"))
             watcher.wait_for("watching 1 server(s)")

@@ -21,6 +21,7 @@ from atroposlib.cli.viewer_render import (
 from tests.browser import artifact_path
 from tests.cli.viewer_helpers import HOSTILE, ViewerProcess, make_group, require_gradio, write_jsonl
 from tests.conftest import registration
+from tests.doc_commands import readme_arguments
 from tests.helpers import ApiProcess
 
 VIEWPORT = {"width": 1280, "height": 800}
@@ -206,7 +207,8 @@ def jsonl_viewer(tmp_path_factory: pytest.TempPathFactory, tokenizer: Any,
         make_group(tokenizer, "Compute 12 times 3.", ["Answer: 36", HOSTILE], [1.0, 0.0], env_id=4),
         make_group(tokenizer, "Say hello.", ["Hello there", "Hello"], [0.5, 0.5], env_id=3),
     ])
-    with ViewerProcess(folder, "--jsonl", str(path), "--tokenizer", str(tokenizer_dir)) as viewer:
+    readme = readme_arguments("console-tools", "view-run", {"data/addition.jsonl": str(path)}, MODEL=str(tokenizer_dir))
+    with ViewerProcess(folder, *readme) as viewer:
         assert viewer.process is not None and viewer.process.poll() is None, viewer.log()
         yield viewer
 

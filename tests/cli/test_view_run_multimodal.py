@@ -17,6 +17,7 @@ from PIL import Image  # noqa: E402
 from atroposlib.cli.viewer_images import decode_image, group_image, text_prompt  # noqa: E402
 from tests.browser import artifact_path  # noqa: E402
 from tests.cli.viewer_helpers import HOSTILE, ViewerProcess, make_group, require_gradio, write_jsonl  # noqa: E402
+from tests.doc_commands import readme_arguments  # noqa: E402
 
 
 def png_base64(colour: str, size: tuple[int, int] = (24, 16)) -> str:
@@ -74,7 +75,8 @@ def multimodal_viewer(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: P
                    images=[png_base64("red", (64, 48))]),
         make_group(tokenizer, multimodal_content("Which colour is this?", "blue"), ["Blue.", HOSTILE], [1.0, 0.0]),
     ])
-    with ViewerProcess(folder, "--jsonl", str(path), "--tokenizer", str(tokenizer_dir),
+    readme = readme_arguments("console-tools", "view-run-multimodal", {"data/clevr_cogen_a_train.jsonl": str(path)})
+    with ViewerProcess(folder, *readme, "--tokenizer", str(tokenizer_dir),
                        module="atroposlib.cli.view_run_multimodal") as viewer:
         assert viewer.process is not None and viewer.process.poll() is None, viewer.log()
         yield viewer

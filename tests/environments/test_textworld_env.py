@@ -16,6 +16,7 @@ import pytest
 import yaml
 from transformers import AutoTokenizer
 
+from tests.doc_blocks import doc_block
 from tests.environments.harness import ENVIRONMENTS, run_cli
 from tests.environments.scripted_inference import ScriptedInference
 
@@ -42,12 +43,13 @@ def test_textworld_games_score_the_final_game_score(tokenizer_dir: Path, tmp_pat
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     out = tmp_path / "groups.jsonl"
     with ScriptedInference(Players(), tokenizer) as server:
-        server_entry = {"base_url": f"{server.url}/v1", "model_name": "scripted", "api_key": "x",
-                        "server_type": "openai", "tokenizer_name": str(tokenizer_dir)}
+        # environments/README.md's tw.yaml (one server listed twice), pointed at the scripted server
+        servers = yaml.safe_load(doc_block("environments/README.md", "textworld-yaml").replace(
+            "http://127.0.0.1:9001/v1", f"{server.url}/v1"))["openai"]
         config = tmp_path / "tw.yaml"
         config.write_text(yaml.safe_dump({
             "env": {"challenge_names": ["tw-coin_collector"], "randomize_challenge_settings": False},
-            "openai": [server_entry, server_entry],
+            "openai": [{**entry, "tokenizer_name": str(tokenizer_dir)} for entry in servers],
         }))
         run_cli(SCRIPT, "process", "--config", str(config), "--env.tokenizer_name", str(tokenizer_dir),
                 "--env.group_size", "4", "--env.max_steps", "3", "--env.total_steps", "1",

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.doc_commands import command
 from tests.envs.conftest import ROOT
 
 pytestmark = pytest.mark.slow
@@ -28,7 +29,8 @@ def fresh_install(tmp_path_factory: pytest.TempPathFactory) -> Path:
     target = tmp_path_factory.mktemp("fresh") / "venv"
     venv.create(target, with_pip=True)
     python = target / "bin" / "python"
-    installed = subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", str(ROOT)],
+    pip, *install = command("README.md", "install", "pip install")  # the README's install, in the clone
+    installed = subprocess.run([str(python), "-m", pip, *install, "-q", "--disable-pip-version-check"], cwd=ROOT,
                                capture_output=True, text=True, timeout=1200)
     assert installed.returncode == 0, installed.stderr[-3000:]
     return python

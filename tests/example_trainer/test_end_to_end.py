@@ -15,6 +15,7 @@ from typing import Iterator, Optional
 import httpx
 import pytest
 
+from tests.doc_commands import readme_arguments
 from tests.helpers import ApiProcess, free_port
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -72,16 +73,18 @@ def processes_mentioning(*needles: str) -> list[str]:
 
 
 def environment_command(api: ApiProcess, vllm_port: int, model_dir: Path, tmp_path: Path) -> list[str]:
-    return [sys.executable, str(ROOT / "environments" / "brevity_env.py"), "serve",
+    """The README's terminal 3 (block training), on the test's ports and folders, with small sizes."""
+    readme = readme_arguments("training", "python environments/brevity_env.py serve",
+                              {"127.0.0.1:9001": f"127.0.0.1:{vllm_port}"}, MODEL=str(model_dir))
+    return [sys.executable, str(ROOT / "environments" / "brevity_env.py"), "serve", *readme,
             "--env.rollout_server_url", api.url, "--env.group_size", "4", "--env.max_token_length", "32",
-            "--env.max_num_workers", "2", "--env.spool_dir", str(tmp_path / "spool"),
-            "--env.tokenizer_name", str(model_dir), "--openai.base_url", f"http://127.0.0.1:{vllm_port}/v1",
-            "--openai.model_name", str(model_dir), "--openai.server_type", "vllm",
-            "--openai.tokenizer_name", str(model_dir), "--openai.api_key", "x"]
+            "--env.max_num_workers", "2", "--env.spool_dir", str(tmp_path / "spool"), "--openai.api_key", "x"]
 
 
 def trainer_command(api: ApiProcess, vllm_port: int, model_dir: Path, tmp_path: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-u", "-m", "example_trainer.grpo", "--model-name", str(model_dir),
+    """The README's terminal 2 (block training), then the test's sizes, ports and folders (the last value wins)."""
+    return [sys.executable, "-u", "-m", "example_trainer.grpo",
+            *readme_arguments("training", "atropos-grpo", MODEL=str(model_dir)),
             "--training-steps", "2", "--batch-size", "4", "--gradient-accumulation-steps", "2",
             "--seq-len", "512", "--max-model-len", "1024", "--optimizer", "adamw", "--lr", "1e-4",
             "--vllm-port", str(vllm_port), "--atropos-url", api.url, "--save-path", str(tmp_path / "checkpoints"),

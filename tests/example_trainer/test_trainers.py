@@ -20,6 +20,7 @@ from example_trainer.config import TrainingConfig
 from example_trainer.model import LORA_MODES
 from example_trainer.weight_sync import WeightSync
 from tests.conftest import group
+from tests.doc_commands import readme_arguments
 from tests.example_trainer.tiny_model import build_tiny_model
 from tests.helpers import ApiProcess, free_port
 from tests.local.stand_ins import all_gone, killed_at_exit, recorded_pids, stand_in_runtime
@@ -158,10 +159,11 @@ def test_shared_vllm_without_a_gpu_exits_2_with_one_line(tiny_model: Path, capsy
 def test_a_stop_signal_ends_the_trainer_and_its_vllm(api: ApiProcess, tiny_model: Path, tmp_path: Path,
                                                      signum: int) -> None:
     pids = tmp_path / "pids"
-    command = [sys.executable, "-u", "-m", "example_trainer.grpo", "--model-name", str(tiny_model),
+    command = [sys.executable, "-u", "-m", "example_trainer.grpo",
+               *readme_arguments("console-tools", "atropos-grpo", MODEL=str(tiny_model)),  # reload mode
                "--device", "cpu", "--optimizer", "adamw", "--atropos-url", api.url, "--vllm-port", str(free_port()),
                "--vllm-python", str(stand_in_runtime(tmp_path).python), "--save-path", str(tmp_path / "checkpoints"),
-               "--log-dir", str(tmp_path / "logs"), "--weight-bridge-mode", "reload"]
+               "--log-dir", str(tmp_path / "logs")]
     trainer = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                env={**os.environ, "STAND_IN_PIDS": str(pids)})
     with killed_at_exit(trainer):

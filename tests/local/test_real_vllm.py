@@ -20,6 +20,7 @@ from atroposlib.envs.server_handling.configs import APIServerConfig
 from atroposlib.envs.server_handling.server_manager import ServerManager
 from atroposlib.local.vllm_service import LocalVLLM
 from tests.conftest import registration
+from tests.doc_commands import readme_arguments
 from tests.helpers import ApiProcess, free_port
 from tests.real_engine import ROOT
 from tests.local.stand_ins import killed_at_exit, signal_and_read, wait_until
@@ -156,8 +157,9 @@ def _process_group_members(pgid: int) -> list[int]:
 
 
 def test_sigterm_to_the_real_wrapper_stops_every_vllm_process(real_model_dir: Path, tmp_path: Path) -> None:
-    command = [sys.executable, "-m", "atroposlib.local.vllm_service", "serve", "--model", str(real_model_dir),
-               "--port", str(free_port())]
+    # the README's command (its default model is real_model_dir), on a free port
+    serve = readme_arguments("console-tools", "atropos-vllm serve", {"9001": str(free_port())})
+    command = [sys.executable, "-m", "atroposlib.local.vllm_service", "serve", *serve]
     wrapper = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     with killed_at_exit(wrapper):
         assert wrapper.stdout is not None
