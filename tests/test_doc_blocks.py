@@ -22,6 +22,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -83,23 +84,43 @@ def _run(block: DocBlock, folder: Path) -> tuple[int, str]:
         script = folder / "block.py"
         command = [sys.executable, str(script)]
     script.write_text(block.text)
-    process = subprocess.Popen(command, cwd=workdir, env=block_environment(folder), stdin=subprocess.DEVNULL,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    log = folder / "block.log"  # a file, not a pipe: a process left in the background may hold it open
+    with open(log, "wb") as output:
+        process = subprocess.Popen(command, cwd=workdir, env=block_environment(folder), stdin=subprocess.DEVNULL,
+                                   stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        output, _ = process.communicate(timeout=RUN_TIMEOUT_S)
+        process.wait(RUN_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        output, _ = process.communicate()
-        pytest.fail(f"{block.where}: still running after {RUN_TIMEOUT_S} s\n{output[-4000:]}")
+        pytest.fail(f"{block.where}: still running after {RUN_TIMEOUT_S} s\n{log.read_text(errors='replace')[-4000:]}")
     finally:
         try:
             os.killpg(process.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    return process.returncode, output
+        process.wait()
+    return process.returncode, log.read_text(errors="replace")
 
 
 @pytest.mark.parametrize("block", RUN_BLOCKS, ids=[block.where for block in RUN_BLOCKS])
 def test_the_run_block_runs_as_written(block: DocBlock, tmp_path: Path) -> None:
     status, output = _run(block, tmp_path)
     assert status == 0, f"{block.where}: exit status {status}\n{output[-6000:]}"
+
+
+def test_the_executor_runs_blocks_in_the_documented_environment_and_stops_what_they_leave(tmp_path: Path) -> None:
+    bash = DocBlock("README.md", 1, "bash", f"""test "$(command -v run-api)" = "{Path(sys.executable).parent}/run-api"
+test "$HOME" = "{tmp_path}/home" && test "$WANDB_MODE" = disabled && test -f docs/examples/minimal_env.py
+sleep 600 & echo $! > sleeper.pid
+echo written > out.txt
+""", "run", "")
+    assert _run(bash, tmp_path) == (0, "")
+    assert (tmp_path / "work" / "out.txt").read_text() == "written\n" and not (ROOT / "out.txt").exists()
+    sleeper = int((tmp_path / "work" / "sleeper.pid").read_text())
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{sleeper}").exists() and "Z" not in Path(f"/proc/{sleeper}/stat").read_text().split()[2]:
+        assert time.monotonic() < deadline, "a process the block left in the background still runs"
+        time.sleep(0.05)
+    python = DocBlock("README.md", 1, "python", "import atroposlib, os\nprint(os.getcwd())\n", "run", "")
+    assert _run(python, tmp_path / "python") == (0, f"{tmp_path / 'python' / 'work'}\n")
+    failing = DocBlock("README.md", 1, "bash", "echo before\nfalse\necho after\n", "run", "")
+    assert _run(failing, tmp_path / "failing") == (1, "before\n")  # -e: the first failure stops the block

@@ -5,16 +5,18 @@ first on ``PATH``, home and state folders in a temporary folder, W&B off.
 Substitutions: ``8000`` (the API) becomes a free port; ``$MODEL`` is the test tokenizer folder
 where a tokenizer is all the command needs; benchmarks get smaller sizes (``--rounds 3`` becomes
 one round of 16 groups, 10,000 pages become 20); the quickstart makes 1 group of 2 rollouts of
-16 tokens (``--groups 16`` becomes ``--groups 1``) into a temporary folder. Blocks (or lines) run
-by a test that already starts the same program, which reads them with ``readme_arguments``:
+16 tokens (``--groups 16`` becomes ``--groups 1``) into a temporary folder, then block
+model-folder runs in the clone. Blocks (or lines) run by a test that already starts the same
+program, which reads them from the README:
 
 * console-tools ``atropos-vllm serve``: tests/local/test_real_vllm.py (the real engine);
   ``atropos-grpo``: tests/example_trainer/test_trainers.py (tiny model, stand-in vLLM);
   ``view-run``, ``view-run-multimodal``: the viewers' fixtures in tests/cli;
   ``inference-node-wandb-watcher``: tests/cli/test_inference_node_wandb_watcher.py;
   ``atropos-quickstart``: the quickstart test here (``scripts/quickstart.sh`` runs it).
-* training: tests/example_trainer/test_end_to_end.py (the real engine, two steps).
-* install: tests/envs/test_fresh_install.py (a fresh virtual environment).
+* training-commands: tests/example_trainer/test_end_to_end.py (the real engine, two steps; its
+  ``run-api`` line is console-tools' first).
+* pip-install: tests/envs/test_fresh_install.py (a fresh virtual environment).
 * minimal-env, minimal-env-run, lease-loop: tests/test_doc_examples.py.
 
 The benchmarks of blocks bench-weight-sync, bench-learning-curve and bench-process take 1 to 3
@@ -78,6 +80,8 @@ def test_every_console_script_has_a_line() -> None:
 
 
 def test_run_api_serves_on_its_port_and_keeps_state_in_the_users_data_dir(tmp_path: Path) -> None:
+    # the same command is terminal 1 of the training commands
+    assert command("README.md", "training-commands", "run-api") == command("README.md", "console-tools", "run-api")
     port = free_port()
     line = command_line("README.md", "console-tools", "run-api", {"8000": str(port)})
     server = subprocess.Popen(["bash", "-c", f"exec {line}"], cwd=mirror_of_repository(tmp_path / "work"),
@@ -181,9 +185,9 @@ def _quickstart_runtime() -> Path:
 @pytest.mark.timeout(900)
 def test_the_quickstart_makes_real_rollouts_then_the_model_folder_is_where_the_readme_says(tmp_path: Path) -> None:
     home = _quickstart_runtime()
-    tests = shlex.join(command("README.md", "quickstart", "bash scripts/test.sh"))
+    tests = shlex.join(command("README.md", "quickstart-commands", "bash scripts/test.sh"))
     assert tests in (ROOT / ".ci" / "run").read_text().splitlines()  # CI runs the second command as written
-    quickstart = command("README.md", "quickstart", "bash scripts/quickstart.sh")
+    quickstart = command("README.md", "quickstart-commands", "bash scripts/quickstart.sh")
     flags = command("README.md", "console-tools", "atropos-quickstart", {"--groups 16": "--groups 1"})[1:]
     out = tmp_path / "out"
     environment = block_environment(tmp_path, ATROPOS_HOME=str(home))

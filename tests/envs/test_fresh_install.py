@@ -29,7 +29,7 @@ def fresh_install(tmp_path_factory: pytest.TempPathFactory) -> Path:
     target = tmp_path_factory.mktemp("fresh") / "venv"
     venv.create(target, with_pip=True)
     python = target / "bin" / "python"
-    pip, *install = command("README.md", "install", "pip install")  # the README's install, in the clone
+    pip, *install = command("README.md", "pip-install", "pip install")  # the README's install, in the clone
     installed = subprocess.run([str(python), "-m", pip, *install, "-q", "--disable-pip-version-check"], cwd=ROOT,
                                capture_output=True, text=True, timeout=1200)
     assert installed.returncode == 0, installed.stderr[-3000:]

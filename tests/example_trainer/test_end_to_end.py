@@ -73,8 +73,8 @@ def processes_mentioning(*needles: str) -> list[str]:
 
 
 def environment_command(api: ApiProcess, vllm_port: int, model_dir: Path, tmp_path: Path) -> list[str]:
-    """The README's terminal 3 (block training), on the test's ports and folders, with small sizes."""
-    readme = readme_arguments("training", "python environments/brevity_env.py serve",
+    """The README's terminal 3 (block training-commands), on the test's ports and folders, with small sizes."""
+    readme = readme_arguments("training-commands", "python environments/brevity_env.py serve",
                               {"127.0.0.1:9001": f"127.0.0.1:{vllm_port}"}, MODEL=str(model_dir))
     return [sys.executable, str(ROOT / "environments" / "brevity_env.py"), "serve", *readme,
             "--env.rollout_server_url", api.url, "--env.group_size", "4", "--env.max_token_length", "32",
@@ -82,9 +82,9 @@ def environment_command(api: ApiProcess, vllm_port: int, model_dir: Path, tmp_pa
 
 
 def trainer_command(api: ApiProcess, vllm_port: int, model_dir: Path, tmp_path: Path, *extra: str) -> list[str]:
-    """The README's terminal 2 (block training), then the test's sizes, ports and folders (the last value wins)."""
+    """The README's terminal 2 (block training-commands), then the test's sizes, ports and folders (the last value wins)."""
     return [sys.executable, "-u", "-m", "example_trainer.grpo",
-            *readme_arguments("training", "atropos-grpo", MODEL=str(model_dir)),
+            *readme_arguments("training-commands", "atropos-grpo", MODEL=str(model_dir)),
             "--training-steps", "2", "--batch-size", "4", "--gradient-accumulation-steps", "2",
             "--seq-len", "512", "--max-model-len", "1024", "--optimizer", "adamw", "--lr", "1e-4",
             "--vllm-port", str(vllm_port), "--atropos-url", api.url, "--save-path", str(tmp_path / "checkpoints"),
