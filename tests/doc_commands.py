@@ -8,7 +8,8 @@ while whatever a block writes (``data/...``, output files) lands in the temporar
 ``PATH`` starts with the project interpreter's folder (``python``, ``run-api``, ``atropos-*``);
 ``HOME`` and the XDG data, cache, config and state folders are in the temporary folder (state
 dirs, spools and caches default there, never in the user's home); ``WANDB_MODE=disabled``,
-``HF_HUB_OFFLINE=1``; ``ATROPOS_API_KEY`` is unset.
+``HF_HUB_OFFLINE=1``; ``ATROPOS_API_KEY`` is unset; the rest of the test's environment is kept
+(``ATROPOS_HOME``: the vLLM runtime and prepared models CI installs).
 
 Named blocks (`command`, `arguments`): a block's logical lines (backslash continuations
 joined, blank and comment-only lines left out) are shell command lines. A test picks one by the

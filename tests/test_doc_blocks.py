@@ -63,7 +63,8 @@ def test_the_block_has_a_valid_marker(block: DocBlock, test_sources: str) -> Non
         assert block.argument, f"{block.where}: a {block.kind} block says why: <!-- doc-test: {block.kind}: REASON -->"
     if block.kind == "id":
         assert block.argument, f"{block.where}: id= without a name"
-        same = [other.where for other in doc_blocks(block.path) if other.kind == "id" and other.argument == block.argument]
+        same = [other.where for other in doc_blocks(block.path)
+                if other.kind == "id" and other.argument == block.argument]
         assert len(same) == 1, f"{block.where}: the name {block.argument!r} is used by {same}"
         quoted = (f'"{block.argument}"', f"'{block.argument}'")
         assert any(name in test_sources for name in quoted), (

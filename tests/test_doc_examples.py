@@ -65,14 +65,15 @@ def _run_minimal_env(tmp_path: Path, tokenizer_dir: Path, start: str, replace: d
 def test_minimal_env_scores_right_and_wrong_answers(tmp_path: Path, tokenizer_dir: Path) -> None:
     inference, url = start_fake_inference()
     try:  # the fake server answers even-numbered choices right and odd ones off by one
-        groups = _run_minimal_env(tmp_path, tokenizer_dir, "python docs/examples/minimal_env.py process --env.tokenizer_name",
+        groups = _run_minimal_env(tmp_path, tokenizer_dir,
+                                  "python docs/examples/minimal_env.py process --env.tokenizer_name",
                                   {"http://127.0.0.1:9001/v1": url})
     finally:
         inference.terminate()
         inference.wait(10)
     assert [group["scores"] for group in groups] == [[1.0, -1.0, 1.0, -1.0]] * 8  # total_steps 8: config_init's
-    for group in groups:
-        assert all(-100 in masks and masks[-1] != -100 for masks in group["masks"])
+    for written in groups:
+        assert all(-100 in masks and masks[-1] != -100 for masks in written["masks"])
 
 
 def test_minimal_env_runs_without_a_model_under_testing(tmp_path: Path, tokenizer_dir: Path) -> None:

@@ -63,7 +63,8 @@ def _run_in_process(program: str, args: list[str]) -> int:
     return returned if isinstance(returned, int) else 0
 
 
-def _bash(script: str, cwd: Path, environment: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def _bash(script: str, cwd: Path, environment: dict[str, str],
+          timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=cwd, env=environment, capture_output=True,
                           text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
@@ -76,7 +77,7 @@ def _failure(done: subprocess.CompletedProcess[str]) -> str:
 
 def test_every_console_script_has_a_line() -> None:
     programs = [shlex.split(line, comments=True)[0] for line in command_lines("README.md", "console-tools")]
-    assert sorted(programs) == sorted([*SCRIPTS, "atropos-vllm"]), "one line per [project.scripts] entry (two for atropos-vllm)"
+    assert sorted(programs) == sorted([*SCRIPTS, "atropos-vllm"]), "a line per console script (atropos-vllm: two)"
 
 
 def test_run_api_serves_on_its_port_and_keeps_state_in_the_users_data_dir(tmp_path: Path) -> None:
@@ -85,7 +86,8 @@ def test_run_api_serves_on_its_port_and_keeps_state_in_the_users_data_dir(tmp_pa
     port = free_port()
     line = command_line("README.md", "console-tools", "run-api", {"8000": str(port)})
     server = subprocess.Popen(["bash", "-c", f"exec {line}"], cwd=mirror_of_repository(tmp_path / "work"),
-                              env=block_environment(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                              env=block_environment(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True)
     try:
         deadline = time.monotonic() + 60
         while not _answers(f"http://127.0.0.1:{port}/health"):
@@ -113,12 +115,13 @@ def test_atropos_vllm_install_keeps_an_installed_runtime(tmp_path: Path) -> None
     line = command_line("README.md", "console-tools", "atropos-vllm install")
     done = _bash(line, mirror_of_repository(tmp_path / "work"),
                  block_environment(tmp_path, ATROPOS_HOME=str(atropos_home()), ATROPOS_VLLM_RUNTIME=str(runtime.path)))
-    assert done.returncode == 0 and f"vLLM runtime" in done.stdout and str(runtime.path) in done.stdout, _failure(done)
+    assert done.returncode == 0 and "vLLM runtime" in done.stdout and str(runtime.path) in done.stdout, _failure(done)
 
 
 def test_atropos_prepare_model_finds_the_prepared_model(real_model_dir: Path, tmp_path: Path) -> None:
     line = command_line("README.md", "console-tools", "atropos-prepare-model")
-    done = _bash(line, mirror_of_repository(tmp_path / "work"), block_environment(tmp_path, ATROPOS_HOME=str(atropos_home())))
+    done = _bash(line, mirror_of_repository(tmp_path / "work"),
+                 block_environment(tmp_path, ATROPOS_HOME=str(atropos_home())))
     assert done.returncode == 0 and f"model ready in {real_model_dir}" in done.stdout, _failure(done)
 
 
@@ -144,7 +147,8 @@ def groups_workdir(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path
     groups = []
     for a in range(3):
         question, answers = f"What is {a} + 1?", [f"The answer is {a + 1}.", "Hello there", f"{a + 1}"]
-        chats = [[{"role": "user", "content": question}, {"role": "assistant", "content": answer}] for answer in answers]
+        chats = [[{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+                 for answer in answers]
         groups.append(make_group(tokenizer, question, answers, [1.0, -1.0, 0.5], messages=chats))
     write_jsonl(workdir / "data" / "addition.jsonl", groups)
     return workdir
@@ -176,7 +180,7 @@ def _quickstart_runtime() -> Path:
     """The vLLM runtime the quickstart uses: ``.cache/atropos`` of the clone (skip without one)."""
     home = ROOT / ".cache" / "atropos"
     if not Runtime(home / "vllm-runtime").is_installed():
-        pytest.skip(f"no vLLM runtime in {home}: `bash scripts/test.sh` installs it (the quickstart would take minutes)")
+        pytest.skip(f"no vLLM runtime in {home}: `bash scripts/test.sh` installs it (here it would take minutes)")
     return home
 
 
