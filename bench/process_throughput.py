@@ -49,6 +49,7 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=0.5, help="seconds the test server takes per request")
     parser.add_argument("--reference-python", default=DEFAULT_REFERENCE_PYTHON)
     args = parser.parse_args()
+    args.reference_python = os.path.abspath(args.reference_python)  # the runs' working folder is elsewhere
     if not Path(args.reference_python).exists():
         raise SystemExit(f"no reference interpreter at {args.reference_python}: run bench/setup_reference.sh")
     sys.path.insert(0, str(ROOT))
