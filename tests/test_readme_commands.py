@@ -4,8 +4,9 @@ first on ``PATH``, home and state folders in a temporary folder, W&B off.
 
 Substitutions: ``8000`` (the API) becomes a free port; ``$MODEL`` is the test tokenizer folder
 where a tokenizer is all the command needs; benchmarks get smaller sizes (``--rounds 3`` becomes
-one round of 16 groups, 10,000 pages become 20, `process` runs 2 groups with no latency); the quickstart makes 1 group of 2 rollouts of
-16 tokens (``--groups 16`` becomes ``--groups 1``) into a temporary folder, then block
+one round of 16 groups, 10,000 pages become 20, ``process`` runs 2 groups with no latency); the
+quickstart makes 1 group of 2 rollouts of 16 tokens (``--groups 16`` becomes ``--groups 1``) into
+a temporary folder, then block
 model-folder runs in the clone. Blocks (or lines) run by a test that already starts the same
 program, which reads them from the README:
 
