@@ -131,6 +131,15 @@ def _mode_args(parser: argparse.ArgumentParser) -> None:
                        help="Atropos's vllm_bridge_config.json for shared_vllm; accepted, not read by this release")
     group.add_argument("--train-layer-indices", type=parse_layer_indices, default=None,
                        help="train only these layers, e.g. 20-31 or 0-3,28-31 (default: all)")
+    group.add_argument("--inference-server-urls", nargs="+", default=None, metavar="URL",
+                       help="reload mode: instead of starting vLLM, give each checkpoint to these running servers "
+                            "(the bundled example_trainer/vllm_api_server.py, http://HOST:PORT; a trailing /v1 "
+                            "is dropped), which must see --save-path at the same path (a shared file system); "
+                            "bearer key: $ATROPOS_INFERENCE_API_KEY")
+    group.add_argument("--slurm-inference-servers", action="store_true",
+                       help="reload mode: give each checkpoint to the Slurm job's inference servers, found by "
+                            "the Slurm discovery of environments' --slurm (SLURM.md); outside Slurm or in a "
+                            "one-node job, to --inference-server-urls")
 
 
 def _lora_args(parser: argparse.ArgumentParser) -> None:

@@ -9,7 +9,10 @@ same here), with these changes:
   the choice and says why.
 * Added: ``resume_from``, ``use_env_advantages``, ``missing_logprobs``,
   ``vllm_stop_during_train``, ``kl_coef``, ``max_prefetch_batches``, ``lease_seconds``,
-  ``vllm_python``, ``keep_last_n``, ``log_dir`` and the ``reload`` weight-bridge mode.
+  ``vllm_python``, ``keep_last_n``, ``log_dir``, the ``reload`` weight-bridge mode, and
+  ``inference_server_urls`` / ``slurm_inference_servers``: in ``reload`` mode, inference
+  servers the trainer did not start (other machines, a Slurm job's inference nodes) take
+  each checkpoint instead of a vLLM of its own (`example_trainer.inference_servers`).
 * ``trainer_rank``, ``world_size``, ``init_method``, ``num_inference_nodes`` and
   ``single_copy`` were never read by Atropos's trainer. They are still accepted, so old
   configurations load, but setting one to anything but its default warns
@@ -22,8 +25,10 @@ import warnings
 from typing import Iterable, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from atroposlib.local.cpu import DTYPES, Dtype, DtypeChoice, choose_dtype, read_cpu
+from example_trainer.inference_servers import server_root
 
 WeightBridgeMode = Literal["shared_vllm", "lora_only", "lora_restart", "none", "reload"]
 WEIGHT_BRIDGE_MODES: tuple[WeightBridgeMode, ...] = ("shared_vllm", "lora_only", "lora_restart", "none", "reload")
@@ -37,6 +42,11 @@ DEFAULT_LORA_TARGETS = ["q_proj", "v_proj"]
 DEPRECATED_DEFAULTS: dict[str, object] = {
     "trainer_rank": 0, "world_size": 1, "init_method": "env://", "num_inference_nodes": 0, "single_copy": False,
 }
+# Only `reload` can hand weights to a server the trainer does not run: the other modes restart
+# their own vLLM, hot-swap adapters into the one on --vllm-port, or share its GPU memory.
+REMOTE_NEEDS_RELOAD = ("--inference-server-urls and --slurm-inference-servers need --weight-bridge-mode reload "
+                       "(remote servers read each checkpoint in place); mode {mode} works with a vLLM on this "
+                       "machine only")
 
 
 def default_device() -> str:
@@ -101,6 +111,10 @@ class TrainingConfig(BaseModel):
     weight_bridge_mode: WeightBridgeMode = "none"
     train_layer_indices: Optional[list[int]] = None
     vllm_config_path: Optional[str] = None
+    inference_server_urls: Optional[list[str]] = Field(
+        None, description="reload mode: running servers that take each checkpoint (http://HOST:PORT)")
+    slurm_inference_servers: bool = Field(
+        False, description="reload mode: the Slurm job's inference servers take each checkpoint")
 
     # LoRA
     lora_r: int = Field(16, ge=1)
@@ -130,6 +144,23 @@ class TrainingConfig(BaseModel):
             raise ValueError("layer indices must be >= 0")
         return sorted(set(value)) or None
 
+    @field_validator("inference_server_urls")
+    @classmethod
+    def _server_roots(cls, value: Optional[list[str]]) -> Optional[list[str]]:
+        if value is None:
+            return None
+        try:
+            return list(dict.fromkeys(server_root(url) for url in value))
+        except ValueError as exc:
+            raise PydanticCustomError("server_url", str(exc)) from None
+
+    @model_validator(mode="after")
+    def _remote_servers_need_reload(self) -> "TrainingConfig":
+        if self.uses_remote_inference and self.weight_bridge_mode != "reload":
+            # no prefix ("Value error, ...") and no field name: the message names the flags itself
+            raise PydanticCustomError("remote_inference", REMOTE_NEEDS_RELOAD.format(mode=self.weight_bridge_mode))
+        return self
+
     @model_validator(mode="after")
     def _warn_deprecated(self) -> "TrainingConfig":
         for name, default in DEPRECATED_DEFAULTS.items():
@@ -137,6 +168,11 @@ class TrainingConfig(BaseModel):
                 warnings.warn(f"TrainingConfig.{name} is deprecated and ignored (the trainer never used it)",
                               DeprecationWarning, stacklevel=2)
         return self
+
+    @property
+    def uses_remote_inference(self) -> bool:
+        """Whether inference servers the trainer did not start take its weights (no vLLM of its own)."""
+        return bool(self.inference_server_urls) or self.slurm_inference_servers
 
     @property
     def registered_batch_size(self) -> int:

@@ -23,6 +23,7 @@ from example_trainer.trainers import (GpuRequiredError, TrainerError, train_lega
                                       train_shared_vllm)
 from example_trainer.api import AtroposApiError
 from example_trainer.checkpointing import CheckpointError
+from example_trainer.inference_servers import InferenceServerError
 from example_trainer.vllm_manager import PortInUseError, VLLMPythonNotFoundError, VLLMRequestError
 from example_trainer.weight_sync import WeightSyncError
 
@@ -31,8 +32,9 @@ ENTRY_POINTS: dict[str, Callable[[TrainingConfig], None]] = {
     "lora_only": train_lora,
     "lora_restart": train_lora_restart,
 }
-STOPPING_ERRORS = (TrainerError, WeightSyncError, VLLMStartError, PortInUseError, VLLMPythonNotFoundError,
-                   VLLMRequestError, AtroposApiError, CheckpointError, requests.RequestException, OSError)
+STOPPING_ERRORS = (TrainerError, WeightSyncError, InferenceServerError, VLLMStartError, PortInUseError,
+                   VLLMPythonNotFoundError, VLLMRequestError, AtroposApiError, CheckpointError,
+                   requests.RequestException, OSError)
 
 
 def run_training(config: TrainingConfig) -> None:

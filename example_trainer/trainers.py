@@ -1,11 +1,11 @@
 """The GRPO training loop, and Atropos's entry points for each weight-bridge mode.
 
-`train` reads top to bottom: load the model, register with the trajectory API, start vLLM,
-then per step take a batch, train on it, and, every ``vllm_restart_interval`` steps, save a
-checkpoint and hand it to vLLM (how depends on the mode: `example_trainer.weight_sync`). A
-batch is acknowledged to the API only after the step that used it, so the API's step equals
-the trainer's and a trainer that dies mid-step loses no data (the lease runs out and the
-batch is served again).
+`train` reads top to bottom: prepare the weight sync (remote inference servers are checked
+here), load the model, register with the trajectory API, start vLLM, then per step take a
+batch, train on it, and, every ``vllm_restart_interval`` steps, save a checkpoint and hand
+it to vLLM (how depends on the mode: `example_trainer.weight_sync`). A batch is acknowledged
+to the API only after the step that used it, so the API's step equals the trainer's and a
+trainer that dies mid-step loses no data (the lease runs out and the batch is served again).
 """
 
 from __future__ import annotations
@@ -57,25 +57,26 @@ def train(config: TrainingConfig) -> None:
     # a line per step is the trainer's progress; transformers' per-file bars would interleave with it
     transformers.utils.logging.disable_progress_bar()
     check_inputs(config)
-    model, tokenizer = load_model_and_tokenizer(config)
-    optimizer = create_optimizer(model, config)
-    first_step = resume(config, optimizer)
-    Path(config.save_path).mkdir(parents=True, exist_ok=True)
-    register_trainer(config, starting_step=first_step)
-    print(f"registered with {config.atropos_url}: {config.registered_batch_size} sequences per batch, "
-          f"max {config.seq_len} tokens, starting at step {first_step}")
-    use_wandb = setup_wandb(config)
-    started = time.time()
-    with make_weight_sync(config) as sync, BatchFeed(config.atropos_url, config.max_prefetch_batches,
-                                                     config.lease_seconds) as feed:
-        run = Run(config, model, tokenizer, optimizer, sync, feed, use_wandb)
-        initial = save(run, first_step) if sync.saves_adapters else config.resume_from or config.model_name
-        print(f"vLLM ready in {sync.start(initial):.1f} s")
-        for step in range(first_step, config.training_steps):
-            train_step(run, step)
-        final = save(run, config.training_steps, final=True)
-        print(f"final weights: {final}")
-        sync.finish(final)
+    # before the slow model load: no python for vLLM, or a remote server that cannot take weights, fails at once
+    with make_weight_sync(config) as sync:
+        model, tokenizer = load_model_and_tokenizer(config)
+        optimizer = create_optimizer(model, config)
+        first_step = resume(config, optimizer)
+        Path(config.save_path).mkdir(parents=True, exist_ok=True)
+        register_trainer(config, starting_step=first_step)
+        print(f"registered with {config.atropos_url}: {config.registered_batch_size} sequences per batch, "
+              f"max {config.seq_len} tokens, starting at step {first_step}")
+        use_wandb = setup_wandb(config)
+        started = time.time()
+        with BatchFeed(config.atropos_url, config.max_prefetch_batches, config.lease_seconds) as feed:
+            run = Run(config, model, tokenizer, optimizer, sync, feed, use_wandb)
+            initial = save(run, first_step) if sync.saves_adapters else config.resume_from or config.model_name
+            print(f"vLLM ready in {sync.start(initial):.1f} s")
+            for step in range(first_step, config.training_steps):
+                train_step(run, step)
+            final = save(run, config.training_steps, final=True)
+            print(f"final weights: {final}")
+            sync.finish(final)
     finalize_training(use_wandb, started, mode=config.weight_bridge_mode, total_steps=config.training_steps - first_step,
                       benchmark_stats=run.timings, benchmark=config.benchmark)
 
@@ -159,9 +160,14 @@ def check_inputs(config: TrainingConfig) -> None:
 
 def announce(config: TrainingConfig) -> None:
     dtype = config.resolved_dtype()
-    # in lora_only the server (and its log) is the user's
-    vllm = (f"vLLM: yours, on port {config.vllm_port}" if config.weight_bridge_mode == "lora_only"
-            else f"vLLM log: {Path(config.log_dir) / 'vllm.log'}")
+    # in lora_only, and with remote inference servers, the servers (and their logs) are the user's
+    if config.uses_remote_inference:
+        vllm = "vLLM: " + ("the Slurm job's inference servers" if config.slurm_inference_servers
+                           else ", ".join(config.inference_server_urls or []))
+    elif config.weight_bridge_mode == "lora_only":
+        vllm = f"vLLM: yours, on port {config.vllm_port}"
+    else:
+        vllm = f"vLLM log: {Path(config.log_dir) / 'vllm.log'}"
     print(f"GRPO trainer: {config.model_name}, mode {config.weight_bridge_mode}, {config.training_steps} steps "
           f"on {config.device}\n  dtype: {dtype.dtype} ({dtype.reason})\n  checkpoints: {config.save_path}, {vllm}")
 

@@ -8,10 +8,15 @@ mode            vLLM                                            after a sync ste
 ==============  ==============================================  =======================================
 ``none``        started by the trainer on the base model        restarted on ``step_N/``
 ``reload``      started by the trainer on the base model        ``step_N/`` read in place, no restart
+``reload`` with started by the user (the bundled server), on    ``step_N/`` read in place by every one
+remote servers  other machines, on the base model               (and ``final_model/`` at the end)
 ``lora_only``   started by the user with ``--enable-lora``      ``adapter_step_N/`` hot-swapped (and
                                                                 ``final_adapter/`` at the end)
 ``lora_restart``started by the trainer with ``--enable-lora``   restarted with ``adapter_step_N/``
 ==============  ==============================================  =======================================
+
+Remote servers are ``--inference-server-urls`` or ``--slurm-inference-servers``
+(`example_trainer.inference_servers`); only ``reload`` can use them.
 
 ``shared_vllm`` (one copy of the weights shared with vLLM through CUDA IPC) has no strategy
 here: it needs a GPU (see `example_trainer.trainers.train_shared_vllm`).
@@ -24,9 +29,11 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, Optional
 
-from example_trainer.config import TrainingConfig
+from example_trainer.config import REMOTE_NEEDS_RELOAD, TrainingConfig
+from example_trainer.inference_servers import InferenceServers
 from example_trainer.vllm_manager import (SERVER_SCRIPT, TrainerVLLM, VLLMPythonNotFoundError, check_vllm_health,
                                          hotswap_lora_adapter)
+
 
 class WeightSyncError(RuntimeError):
     """vLLM could not be given the new weights (or was not there to receive them)."""
@@ -148,6 +155,29 @@ class LoraRestartSync(WeightSync):
         return self.vllm.restart(self.config.model_name, adapter=checkpoint)
 
 
+class RemoteReloadSync(WeightSync):
+    """``reload`` with remote inference servers: the trainer runs no vLLM; every server reads
+    each new checkpoint in place, and the final weights too, as the servers outlive the run."""
+
+    def __init__(self, config: TrainingConfig, servers: InferenceServers) -> None:
+        super().__init__(config, None)
+        self.servers = servers
+
+    def start(self, weights: str) -> float:
+        """The servers already serve the base model; a resumed run gives them its checkpoint."""
+        print(f"inference servers taking the weights ({len(self.servers.roots)}): {', '.join(self.servers.roots)}")
+        return 0.0 if weights == self.config.model_name else self.servers.reload(weights)
+
+    def before_training(self, sync_step: bool) -> None:
+        """The servers are not the trainer's: they keep serving."""
+
+    def publish(self, checkpoint: str, step: int) -> float:
+        return self.servers.reload(checkpoint)
+
+    def finish(self, final: str) -> None:
+        print(f"inference servers now serve {final} ({self.servers.reload(final):.1f} s)")
+
+
 STRATEGIES: dict[str, type[WeightSync]] = {
     "none": RestartSync,
     "reload": ReloadSync,
@@ -157,7 +187,15 @@ STRATEGIES: dict[str, type[WeightSync]] = {
 
 
 def make_weight_sync(config: TrainingConfig) -> WeightSync:
-    """The strategy for `config.weight_bridge_mode`; vLLM's log goes to ``<log_dir>/vllm.log``."""
+    """The strategy for `config.weight_bridge_mode`; vLLM's log goes to ``<log_dir>/vllm.log``.
+    Remote inference servers are found and checked here, so that an unreachable one stops the
+    run before the model loads."""
+    if config.uses_remote_inference:
+        if config.weight_bridge_mode != "reload":
+            raise WeightSyncError(REMOTE_NEEDS_RELOAD.format(mode=config.weight_bridge_mode))
+        servers = InferenceServers.from_config(config)
+        servers.check()
+        return RemoteReloadSync(config, servers)
     strategy = STRATEGIES.get(config.weight_bridge_mode)
     if strategy is None:
         raise WeightSyncError(f"weight_bridge_mode {config.weight_bridge_mode!r} has no weight sync here; "

@@ -23,7 +23,8 @@ ATROPOS_DEFAULTS = {
 ADDED_DEFAULTS = {
     "dtype": "auto", "resume_from": None, "use_env_advantages": False, "missing_logprobs": "on_policy",
     "vllm_stop_during_train": False, "kl_coef": 0.0, "max_prefetch_batches": 4, "vllm_python": None,
-    "keep_last_n": None, "log_dir": "./logs", "lease_seconds": 1800.0,
+    "keep_last_n": None, "log_dir": "./logs", "lease_seconds": 1800.0, "inference_server_urls": None,
+    "slurm_inference_servers": False,
 }
 
 
@@ -50,6 +51,7 @@ def test_model_name_is_required_and_unknown_fields_are_refused() -> None:
 @pytest.mark.parametrize("field,value", [
     ("lr", 0), ("batch_size", 0), ("max_prefetch_batches", 0), ("weight_bridge_mode", "ipc"),
     ("dtype", "int8"), ("missing_logprobs", "skip"), ("keep_last_n", 0), ("train_layer_indices", [-1]),
+    ("inference_server_urls", ["gpu02:9000"]),
 ])
 def test_invalid_values_are_refused(field: str, value: object) -> None:
     with pytest.raises(ValidationError, match=field):
@@ -105,3 +107,13 @@ def test_deprecated_fields_at_their_defaults_do_not_warn() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         TrainingConfig(model_name="m", **DEPRECATED_DEFAULTS)
+
+
+def test_remote_inference_servers_need_reload_mode_and_keep_server_roots() -> None:
+    config = TrainingConfig(model_name="m", weight_bridge_mode="reload",
+                            inference_server_urls=["http://gpu02:9000/v1", "http://gpu02:9000", "http://gpu03:9000/"])
+    assert config.inference_server_urls == ["http://gpu02:9000", "http://gpu03:9000"]
+    assert config.uses_remote_inference and not TrainingConfig(model_name="m").uses_remote_inference
+    for mode in ("none", "lora_only", "lora_restart", "shared_vllm"):
+        with pytest.raises(ValidationError, match=f"need --weight-bridge-mode reload .* mode {mode} works"):
+            TrainingConfig(model_name="m", weight_bridge_mode=mode, slurm_inference_servers=True)

@@ -5,7 +5,8 @@ the runtime with pytest (installed once, beside the runtime rather than into it)
 engine (CPU build, the bundled SmolLM2 in float32) is started once for this module, through
 the trainer's launcher: token ids, logprobs and prompt logprobs, the environments' client
 (`VLLMServer` behind a `ServerManager`, as ``server_type: vllm`` uses it), and weights
-swapped in place changing what it serves.
+swapped in place changing what it serves, also when the trainer's remote-server client
+(`InferenceServers`) checks and reloads it.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from atroposlib.envs.server_handling.server_manager import ServerManager
 from atroposlib.local.paths import atropos_home
 from atroposlib.local.runtime import Runtime
 from example_trainer.config import TrainingConfig
+from example_trainer.inference_servers import InferenceServerError, InferenceServers
 from example_trainer.vllm_manager import TrainerVLLM
 from tests.helpers import free_port
 from tests.real_engine import ROOT, installed_runtime
@@ -168,3 +170,12 @@ def test_reloaded_weights_change_what_is_served_and_reload_back(
     assert max(abs(a - b) for a, b in zip(before, changed)) > 0.1
     served.reload_weights(str(real_model_dir))
     assert scores() == pytest.approx(before, abs=1e-3)
+
+
+def test_the_trainer_checks_it_and_reloads_it_as_a_remote_inference_server(
+        served: TrainerVLLM, real_model_dir: Path, tmp_path: Path) -> None:
+    servers = InferenceServers((f"http://127.0.0.1:{served.port}",))
+    servers.check()  # /health, then /bridge/info: the route only this server has
+    assert servers.reload(str(real_model_dir)) > 0
+    with pytest.raises(InferenceServerError, match="sees no folder .* on a file system the inference nodes see"):
+        servers.reload(str(tmp_path / "not-shared"))
