@@ -3,8 +3,11 @@
 For a prompt containing "A + B", even-numbered choices answer correctly
 (``\\boxed{A+B}``) and odd-numbered ones answer one too many, so groups have differing
 scores. ``--latency`` adds a fixed delay per request, like a real server's generation time.
+Like the trainer's bundled vLLM server, it has ``/bridge/info`` and ``POST /reload_weights
+{"weights_path": DIR}`` (404 when DIR is no folder it sees; it prints ``reloaded weights from
+DIR``), and with ``--api-key`` every route but ``/health`` wants ``Authorization: Bearer KEY``.
 
-    python -m tests.fake_openai --port 9001 [--latency 0.2]
+    python -m tests.fake_openai --port 9001 [--latency 0.2] [--api-key KEY]
 """
 
 from __future__ import annotations
@@ -14,12 +17,15 @@ import asyncio
 import re
 import time
 import uuid
-from typing import Any, Awaitable, Callable
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Optional
 
 import uvicorn
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI, HTTPException, Request, Response
+from fastapi.responses import JSONResponse
 
 LATENCY_S = 0.0
+API_KEY: Optional[str] = None
 POST_IN_FLIGHT = 0  # POST requests being answered now: tests wait for work to be in flight
 app = FastAPI()
 
@@ -34,6 +40,13 @@ async def count_in_flight(request: Request, call_next: Callable[[Request], Await
         return await call_next(request)
     finally:
         POST_IN_FLIGHT -= 1
+
+
+@app.middleware("http")
+async def require_key(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+    if API_KEY and request.url.path != "/health" and request.headers.get("authorization") != f"Bearer {API_KEY}":
+        return JSONResponse({"detail": "missing or wrong API key"}, status_code=401)
+    return await call_next(request)
 
 
 @app.get("/stats")
@@ -115,6 +128,20 @@ async def generate(request: Request) -> Any:
     return result
 
 
+@app.get("/bridge/info")
+async def bridge_info() -> dict[str, Any]:
+    return {"enabled": False, "shared_weights": False, "model_name": "fake-model"}
+
+
+@app.post("/reload_weights")
+async def reload_weights(request: Request) -> dict[str, Any]:
+    folder = (await request.json())["weights_path"]
+    if not Path(folder).is_dir():
+        raise HTTPException(status_code=404, detail=f"no weights folder at {folder}")
+    print(f"reloaded weights from {folder}", flush=True)
+    return {"status": "ok", "seconds": 0.0}
+
+
 @app.post("/v1/generate/")
 async def trl_generate(request: Request) -> dict[str, Any]:
     """TRL vllm-serve style: completion ids only."""
@@ -123,12 +150,13 @@ async def trl_generate(request: Request) -> dict[str, Any]:
 
 
 def main() -> None:
-    global LATENCY_S
+    global LATENCY_S, API_KEY
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--latency", type=float, default=0.0)
+    parser.add_argument("--api-key", default=None)
     args = parser.parse_args()
-    LATENCY_S = args.latency
+    LATENCY_S, API_KEY = args.latency, args.api_key
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
 
 

@@ -1,7 +1,8 @@
 """The example Slurm job (examples/slurm/atropos.sbatch) on a real one-node Slurm cluster:
 run-api, the arithmetic environment in ``serve --slurm true`` mode, a scripted inference
 server (tests/fake_openai.py) and atropos-sft-gen, submitted with sbatch exactly as SLURM.md
-shows it."""
+shows it; and the same job with atropos-grpo on a tiny model, giving each checkpoint to the
+inference server."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import pytest
 from atroposlib.envs.server_handling import slurm
 from tests.doc_blocks import ROOT, doc_block
 from tests.doc_commands import block_environment, mirror_of_repository
+from tests.example_trainer.tiny_model import build_tiny_model
 from tests.helpers import free_port
 from tests.slurm.cluster import SingleNodeCluster, slurm_missing_reason, submitted_job_id
 
@@ -104,6 +106,30 @@ def test_the_one_node_job_delivers_groups_and_ends_completed(cluster: SingleNode
     assert "the Slurm job has 1 node (localhost): using the configured servers" in env_log
     assert "serve stopped (SIGTERM received)" in env_log and "Traceback" not in env_log
     assert "sft finished: stopping the environments, the API and the inference servers" in submission.log("job")
+    assert submission.leftovers() == []
+
+
+def test_the_trainer_job_gives_each_checkpoint_to_the_inference_server(cluster: SingleNodeCluster,
+                                                                       tokenizer_dir: Path, tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    model = build_tiny_model(tmp_path / "model", tokenizer_dir)
+    submission = Submission(cluster, tmp_path, tokenizer_dir)
+    # the scripted server stands in for the bundled one: it wants the job's inference key and takes /reload_weights
+    job = submission.submit(
+        "INFER_TP=8 INFER_COMMAND='python -m tests.fake_openai --port $PORT --api-key \"$ATROPOS_INFERENCE_API_KEY\"' "
+        f"ENV_SCRIPTS=environments/arithmetic_env.py MODEL={model} GROUP_SIZE=4 TRAINING_STEPS=2 "
+        "CONSUMER_FLAGS='--device cpu --optimizer adamw --batch-size 2 --gradient-accumulation-steps 2 "
+        "--seq-len 256 --vllm-restart-interval 1' sbatch --nodes=1 examples/slurm/atropos.sbatch")
+    report = "\n".join(f"== {name}\n{submission.log(name)[-2500:]}" for name in ("job", "env", "trainer", "api"))
+    assert (job["JobState"], job["ExitCode"]) == ("COMPLETED", "0:0"), report
+    checkpoints = submission.run_dir / "checkpoints"
+    server_log = (submission.run_dir / f"server-localhost-{submission.infer_port}.log").read_text()
+    assert [line for line in server_log.splitlines() if line.startswith("reloaded")] == [
+        f"reloaded weights from {checkpoints / 'step_1'}", f"reloaded weights from {checkpoints / 'final_model'}"]
+    trainer_log = submission.log("trainer")
+    assert "vLLM: the Slurm job's inference servers" in trainer_log and "vllm.log" not in trainer_log
+    assert f"inference servers taking the weights (1): http://localhost:{submission.infer_port}" in trainer_log
+    assert "trainer finished: stopping the environments" in submission.log("job")
     assert submission.leftovers() == []
 
 
