@@ -3,8 +3,9 @@
     python vllm_api_server.py --model DIR [--port 9001] [--host 127.0.0.1] [--api-key KEY] [vLLM engine flags]
 
 It runs in a python where vLLM imports (on a CPU machine, the runtime `atropos-vllm install`
-made), so it imports only vLLM, FastAPI, uvicorn, pydantic and the standard library. The
-routes keep the names and answers of Atropos's bundled server:
+made), so it imports only vLLM, FastAPI, uvicorn, pydantic, the standard library and its
+sibling `openai_routes.py` (keep the two files together). The routes keep the names and
+answers of Atropos's bundled server:
 
 - ``GET /health`` answers 200 once the engine is loaded and HTTP is up; ``GET /health_generate``
   runs a one-token generation (503 before the engine exists, 500 when it fails).
@@ -17,7 +18,12 @@ routes keep the names and answers of Atropos's bundled server:
 - ``POST /reload_weights {"weights_path": DIR}``: new weights of the same architecture, in
   place: requests in flight finish on the old weights, the next ones wait and then see only
   the new (the trainer's ``reload`` weight-bridge mode).
-- ``/lora/status``, ``/lora/load``, ``/lora/unload``: the adapter later ``/generate`` calls use.
+- ``/lora/status``, ``/lora/load``, ``/lora/unload``: the adapter later ``/generate`` (and
+  OpenAI route) calls use.
+- ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``: OpenAI's
+  routes (`openai_routes`, beside this file), for environments' ``chat_completion`` and
+  ``completion`` calls and the ``openai`` client, on the same engine and adapter. Atropos's
+  bundled server lacks them.
 - ``/bridge/*``: Atropos's shared-weights (CUDA IPC) routes. This server shares no weights;
   the routes report the engine's state and pause, resume, sleep or wake it where vLLM can,
   and answer ``{"status": "not_supported", ...}`` where it cannot.
@@ -53,8 +59,12 @@ from vllm.utils.argparse_utils import FlexibleArgumentParser
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.version import __version__ as VLLM_VERSION
 
+if __package__:
+    from example_trainer.openai_routes import CLIENT_CLOSED, EngineHooks, openai_router
+else:  # run as a script: its own folder is on sys.path
+    from openai_routes import CLIENT_CLOSED, EngineHooks, openai_router
+
 OPEN_PATHS = ("/health",)
-CLIENT_CLOSED = 499  # nginx's code for "client closed the request", as Atropos answers
 
 
 @dataclass
@@ -208,6 +218,14 @@ async def _unless_disconnected(request: Request, outputs: AsyncIterator[RequestO
     return work.result()
 
 
+async def _final_or_hung_up(request: Request, outputs: AsyncIterator[RequestOutput]) -> Optional[RequestOutput]:
+    """`_unless_disconnected`, with the engine's complaints about the request itself as 400."""
+    try:
+        return await _unless_disconnected(request, outputs)
+    except (ValueError, VLLMClientError) as exc:  # the request's fault: prompt too long, bad token ids, ...
+        raise HTTPException(status_code=400, detail=str(exc)) from exc
+
+
 @app.post("/generate")
 async def generate(request: Request) -> Response:
     body = await request.json()
@@ -219,10 +237,7 @@ async def generate(request: Request) -> Response:
     outputs = _engine().generate(prompt, params, random_uuid(), lora_request=_adapter())
     if stream:
         return StreamingResponse(_stream(outputs), media_type="application/x-ndjson")
-    try:
-        output = await _unless_disconnected(request, outputs)
-    except (ValueError, VLLMClientError) as exc:  # the request's fault: prompt too long, bad token ids, ...
-        raise HTTPException(status_code=400, detail=str(exc)) from exc
+    output = await _final_or_hung_up(request, outputs)
     if output is None:
         return Response(status_code=CLIENT_CLOSED)
     return JSONResponse(_answer(output, params))
@@ -231,6 +246,9 @@ async def generate(request: Request) -> Response:
 async def _stream(outputs: AsyncIterator[RequestOutput]) -> AsyncIterator[bytes]:
     async for output in outputs:
         yield (json.dumps({"text": [(output.prompt or "") + choice.text for choice in output.outputs]}) + "\n").encode()
+
+
+app.include_router(openai_router(EngineHooks(engine=_engine, adapter=_adapter, final_output=_final_or_hung_up)))
 
 
 @app.post("/reload_weights")

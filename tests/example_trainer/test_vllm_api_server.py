@@ -4,7 +4,8 @@ Its route checks against a fake engine and Atropos 0.4.0's own test of ``/genera
 the runtime with pytest (installed once, beside the runtime rather than into it). The real
 engine (CPU build, the bundled SmolLM2 in float32) is started once for this module, through
 the trainer's launcher: token ids, logprobs and prompt logprobs, the environments' client
-(`VLLMServer` behind a `ServerManager`, as ``server_type: vllm`` uses it), and weights
+(`VLLMServer` behind a `ServerManager`, as ``server_type: vllm`` uses it) on ``/generate``
+and on the OpenAI routes, the ``openai`` client's chat and text completions, and weights
 swapped in place changing what it serves, also when the trainer's remote-server client
 (`InferenceServers`) checks and reloads it.
 """
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import httpx
+import openai
 import pytest
 import transformers
 
@@ -139,6 +141,44 @@ def test_environments_client_samples_and_rescores_through_generate(served: Train
         assert rescored["prompt_topk_token_ids"][position] == [token]  # greedy: the best token
         assert rescored["prompt_topk_logprobs"][position][0] == pytest.approx(sampled, abs=0.05)
     assert len(nodes) == 2 and all(len(node.logprobs) == len(node.tokens) for node in nodes)
+
+
+def test_openai_client_gets_n_chat_and_text_completions(served: TrainerVLLM, real_model_dir: Path) -> None:
+    client = openai.OpenAI(base_url=served.base_url, api_key="unused", timeout=120, max_retries=0)
+    try:
+        assert [model.id for model in client.models.list().data] == ["smollm2"]  # the launcher's served name
+        chat = client.chat.completions.create(model="smollm2", messages=QUESTION, n=2, max_completion_tokens=4,
+                                              temperature=1.0, seed=1, logprobs=True, top_logprobs=2)
+        text = client.completions.create(model="smollm2", prompt="The capital of France is", n=2, max_tokens=4,
+                                         stop=["\n\n"], logprobs=1, extra_body={"top_k": 5})
+        from_ids = client.completions.create(model="smollm2", prompt=_prompt_ids(real_model_dir), max_tokens=4,
+                                             temperature=0.0)
+        with pytest.raises(openai.UnprocessableEntityError) as refused:
+            client.chat.completions.create(model="smollm2", messages=[], max_tokens=4)
+        assert "messages" in refused.value.response.text
+    finally:
+        client.close()
+    assert [choice.index for choice in chat.choices] == [0, 1] and chat.object == "chat.completion"
+    assert all(choice.message.role == "assistant" and choice.message.content for choice in chat.choices)
+    assert all(len(choice.logprobs.content[0].top_logprobs) == 2 for choice in chat.choices)
+    assert chat.usage.prompt_tokens == len(_prompt_ids(real_model_dir)) and 0 < chat.usage.completion_tokens <= 8
+    assert len(text.choices) == 2 and all(choice.text and choice.logprobs.tokens for choice in text.choices)
+    assert from_ids.choices[0].finish_reason in ("stop", "length") and from_ids.choices[0].text
+
+
+def test_environments_client_chats_through_the_openai_route(served: TrainerVLLM, real_model_dir: Path) -> None:
+    config = APIServerConfig(base_url=served.base_url, model_name="smollm2", server_type="vllm",
+                             tokenizer_name=str(real_model_dir), timeout=120)
+
+    async def scenario() -> Any:
+        manager = ServerManager(configs=[config])
+        try:
+            return await manager.chat_completion(messages=QUESTION, n=2, max_tokens=4, temperature=1.0)
+        finally:
+            await manager.close()
+
+    answer = asyncio.run(scenario())
+    assert len(answer.choices) == 2 and all(choice.message.content for choice in answer.choices)
 
 
 def _scaled_final_norm(model_dir: Path, out: Path) -> Path:

@@ -15,6 +15,21 @@ from vllm.logprobs import Logprob
 from example_trainer import vllm_api_server as server
 
 
+class FakeTokenizer:
+    """Token ids are character codes; the chat template writes ``role: content`` lines."""
+
+    def decode(self, ids: list[int]) -> str:
+        return " ".join(map(str, ids))
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [ord(char) for char in text]
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool, tokenize: bool) -> str:
+        if messages[0]["role"] != "user":
+            raise ValueError("Conversation roles must start with user")
+        return "".join(f"{message['role']}: {message['content']}\n" for message in messages) + "assistant: "
+
+
 class FakeEngine:
     """Records what the routes ask of the engine; generates one fixed completion."""
 
@@ -22,8 +37,8 @@ class FakeEngine:
         self.calls: list[tuple[str, Any]] = []
         self.fail_reload = False
         self.vllm_config = SimpleNamespace(lora_config=None)
-        self.model_config = SimpleNamespace(model="tiny", dtype="float32", enable_sleep_mode=False)
-        self.tokenizer = SimpleNamespace(decode=lambda ids: " ".join(map(str, ids)))
+        self.model_config = SimpleNamespace(model="tiny", dtype="float32", enable_sleep_mode=False, max_model_len=64)
+        self.tokenizer = FakeTokenizer()
 
     def generate(self, prompt: Any, params: Any, request_id: str, lora_request: Any = None) -> AsyncIterator[Any]:
         self.calls.append(("generate", (prompt, params, lora_request)))
@@ -149,3 +164,47 @@ def test_bridge_routes_say_what_this_engine_cannot_do(fake: FakeEngine) -> None:
     assert info["shared_weights"] is False and info["model_name"] == "tiny"
     paths = {route["path"] for route in client.get("/bridge/list_endpoints").json()["endpoints"]}
     assert {"/generate", "/reload_weights", "/lora/load", "/bridge/pause"} <= paths
+
+
+def test_openai_routes_need_the_key_use_the_adapter_and_answer_in_openai_shapes(fake: FakeEngine,
+                                                                                tmp_path: Path) -> None:
+    server.state.api_key = "secret"
+    fake.vllm_config.lora_config = object()
+    client = TestClient(server.app, headers={"Authorization": "Bearer secret"})
+    client.post("/lora/load", json={"adapter_path": str(tmp_path), "adapter_name": "step_1"})
+    chat = {"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+            "max_completion_tokens": 3, "logprobs": True, "top_logprobs": 2}
+    assert TestClient(server.app).post("/v1/chat/completions", json=chat).status_code == 401
+    answer = client.post("/v1/chat/completions", json=chat)
+    assert answer.status_code == 200, answer.text
+    prompt, params, adapter = fake.calls[-1][1]
+    assert prompt == {"prompt_token_ids": [ord(char) for char in "user: hi\nassistant: "]}
+    assert (params.max_tokens, params.logprobs, adapter.lora_name) == (3, 2, "step_1")
+    body = answer.json()
+    assert body["object"] == "chat.completion" and body["model"] == "m"
+    assert body["choices"][0]["message"] == {"role": "assistant", "content": " x"}
+    assert body["choices"][0]["logprobs"]["content"][0]["top_logprobs"][1] == {"token": "6", "logprob": -1.5,
+                                                                                "bytes": [54]}
+    assert body["usage"] == {"prompt_tokens": 2, "completion_tokens": 1, "total_tokens": 3}
+    text = client.post("/v1/completions", json={"prompt": [[7, 8]], "logprobs": 1, "return_token_ids": True}).json()
+    assert fake.calls[-1][1][0] == {"prompt_token_ids": [7, 8]} and fake.calls[-1][1][1].max_tokens == 62
+    assert text["choices"][0] == {"index": 0, "text": " x", "finish_reason": "length", "token_ids": [5],
+                                  "prompt_token_ids": [7, 8], "logprobs": {
+                                      "tokens": ["5"], "token_logprobs": [-0.5], "top_logprobs": [{"5": -0.5}],
+                                      "text_offset": [0]}}
+    models = client.get("/v1/models").json()["data"]
+    assert [model["id"] for model in models] == ["tiny", "step_1"]
+
+
+@pytest.mark.parametrize("route, body, status, detail", [
+    ("/v1/chat/completions", {"model": "m"}, 422, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "system", "content": "x"}]}, 400, "roles must start"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "stream": True}, 422, "streaming"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": []}, 422, "tools"),
+    ("/v1/completions", {"prompt": "x", "n": 2, "temperature": 0.0}, 400, "greedy"),
+    ("/v1/completions", {"prompt": ["a", "b"]}, 400, "one prompt"),
+])
+def test_bad_openai_requests_are_4xx_with_the_reason(fake: FakeEngine, route: str, body: dict[str, Any],
+                                                    status: int, detail: str) -> None:
+    answer = TestClient(server.app).post(route, json=body)
+    assert answer.status_code == status and detail in answer.text, answer.text
