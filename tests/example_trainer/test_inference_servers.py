@@ -24,7 +24,6 @@ from example_trainer.grpo import main
 from example_trainer.inference_servers import API_KEY_ENV, InferenceServerError, InferenceServers, server_root
 from example_trainer.weight_sync import RemoteReloadSync
 from tests.conftest import group
-from tests.example_trainer.tiny_model import build_tiny_model
 from tests.helpers import ApiProcess, free_port
 from tests.slurm.cluster import slurm_missing_reason, write_client_conf
 
@@ -104,17 +103,6 @@ def serving_all(*stand_ins: StandIn) -> Iterator[tuple[StandIn, ...]]:
 
 def nobody_listens() -> str:
     return f"http://127.0.0.1:{free_port()}"
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path) -> Path:
-    return build_tiny_model(tmp_path_factory.mktemp("tiny-model"), tokenizer_dir)
-
-
-@pytest.fixture
-def api(tmp_path: Path) -> Iterator[ApiProcess]:
-    with ApiProcess(tmp_path / "state", "--no-registration-gate") as server:
-        yield server
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import pytest
@@ -21,7 +20,6 @@ from example_trainer.model import LORA_MODES
 from example_trainer.weight_sync import WeightSync
 from tests.conftest import group
 from tests.doc_commands import readme_arguments
-from tests.example_trainer.tiny_model import build_tiny_model
 from tests.helpers import ApiProcess, free_port
 from tests.local.stand_ins import all_gone, killed_at_exit, recorded_pids, stand_in_runtime
 
@@ -46,17 +44,6 @@ class RecordingSync(WeightSync):
 
     def finish(self, final: str) -> None:
         self.events.append(("finish", Path(final).name))
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path) -> Path:
-    return build_tiny_model(tmp_path_factory.mktemp("tiny-model"), tokenizer_dir)
-
-
-@pytest.fixture
-def api(tmp_path: Path) -> Iterator[ApiProcess]:
-    with ApiProcess(tmp_path / "state", "--no-registration-gate") as server:
-        yield server
 
 
 @pytest.fixture
