@@ -218,8 +218,12 @@ def _status(page: Any) -> str:
 
 
 def _wait_for_status(page: Any, text: str) -> None:
-    page.wait_for_function("t => (document.querySelector('#vr-status') || {}).innerText?.includes(t)", arg=text,
-                           timeout=30000)
+    try:
+        page.wait_for_function("t => (document.querySelector('#vr-status') || {}).innerText?.includes(t)", arg=text,
+                               timeout=30000)
+    except Exception as exc:  # playwright's TimeoutError: say what the page showed instead
+        shown = page.evaluate("() => (document.querySelector('#vr-status') || {}).innerText")
+        raise AssertionError(f"the status never showed {text!r}; it shows {shown!r}") from exc
 
 
 def _score(page: Any, slot: int) -> Any:
