@@ -115,6 +115,13 @@ class Registration(BaseModel):
     save_checkpoint_interval: SafeInt
     starting_step: SafeInt
     num_steps: SafeInt
+    max_staleness: Optional[int] = Field(
+        default=None,
+        ge=0,
+        le=JSON_SAFE_INT,
+        description="Most trainer steps a group's sampling weights may lag the step it is trained "
+        "at; staler groups are dropped instead of served. Null: no bound.",
+    )
     replace: bool = Field(
         default=False,
         description="Replace the stored run configuration instead of keeping the first one.",
@@ -189,6 +196,11 @@ class EnvRecord(BaseModel):
     env_key: Optional[str] = None
 
 
+# Settings a registration may leave null to accept whatever the stored run has: clients
+# that predate them (Atropos's) send null or nothing, and must still join a run that set one.
+ACCEPTS_STORED_WHEN_NULL: tuple[str, ...] = ("max_staleness",)
+
+
 class RunConfig(BaseModel):
     """The trainer's registration as the server keeps it."""
 
@@ -200,7 +212,20 @@ class RunConfig(BaseModel):
     save_checkpoint_interval: int
     num_steps: int
     starting_step: int
+    # Runs stored before the field existed load with no bound.
+    max_staleness: Optional[int] = None
 
     @classmethod
     def from_registration(cls, registration: Registration) -> "RunConfig":
         return cls(**registration.model_dump(exclude={"replace"}))
+
+    def differences(self, requested: "RunConfig") -> dict[str, dict[str, Any]]:
+        """Settings `requested` gives other values than this stored run, as
+        ``{name: {"stored": ..., "requested": ...}}``; a null among
+        `ACCEPTS_STORED_WHEN_NULL` asks for nothing and never differs."""
+        stored = self.model_dump()
+        return {
+            name: {"stored": stored[name], "requested": value}
+            for name, value in requested.model_dump().items()
+            if stored[name] != value and not (value is None and name in ACCEPTS_STORED_WHEN_NULL)
+        }

@@ -17,7 +17,8 @@ from pydantic import ValidationError
 
 from atroposlib.local.cpu import DTYPES
 from atroposlib.local.help_format import DefaultsHelpFormatter
-from example_trainer.config import OPTIMIZERS, WEIGHT_BRIDGE_MODES, TrainingConfig, default_device
+from example_trainer.config import (KL_REFERENCES, LOSS_TYPES, OPTIMIZERS, SCALE_REWARDS, WEIGHT_BRIDGE_MODES,
+                                   TrainingConfig, default_device)
 
 _INDEX = re.compile(r"\d+")
 _RANGE = re.compile(r"(\d+)\s*-\s*(\d+)")
@@ -75,12 +76,39 @@ def _training_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--resume-from", default=None,
                        help="continue from this checkpoint directory (step, optimizer and RNG state)")
     group.add_argument("--keep-last-n", type=int, default=None, help="keep only the newest N step checkpoints")
+    group.add_argument("--pad-to-multiple", type=int, default=None,
+                       help="pad each micro-batch's length to a multiple of this (default: 64 on a GPU, as Atropos; "
+                            "1 on a CPU, where padding only costs)")
 
 
 def _grpo_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("GRPO")
+    group.add_argument("--loss-type", choices=LOSS_TYPES, default="grpo",
+                       help="grpo: token mean per sequence, then mean over sequences; dr_grpo: token sum over "
+                            "sequences x --loss-norm-length; dapo: token mean over the whole batch; gspo: "
+                            "one ratio per sequence (geometric mean of its token ratios)")
     group.add_argument("--clip-eps", type=float, default=0.2, help="PPO clip: the ratio is clipped to 1 +/- this")
-    group.add_argument("--kl-coef", type=float, default=0.0, help="weight of a KL penalty against the sampler")
+    group.add_argument("--epsilon-high", type=float, default=None,
+                       help="upper clip bound 1 + this (clip-higher, DAPO); default: --clip-eps")
+    group.add_argument("--dual-clip", type=float, default=None, metavar="C",
+                       help="dual clip: a negative-advantage token's loss is at most -C x advantage (C > 1, e.g. 3)")
+    group.add_argument("--tis-cap", type=float, default=None, metavar="C",
+                       help="truncated importance sampling: weight each token by min(trainer/sampler probability, "
+                            "C), with the PPO ratio against the trainer's own probabilities (TRL's correction)")
+    group.add_argument("--scale-rewards", choices=SCALE_REWARDS, default="group",
+                       help="advantages: centred scores divided by the group's std, the batch's, or not at all")
+    group.add_argument("--kl-coef", type=float, default=0.0, help="weight of a k3 KL penalty (TRL's beta)")
+    group.add_argument("--kl-reference", choices=KL_REFERENCES, default="sampler",
+                       help="what the KL penalty is measured against: the sampler's log-probabilities or a frozen "
+                            "copy of the starting model (in LoRA modes: the model without adapters)")
+    group.add_argument("--loss-norm-length", type=int, default=None,
+                       help="dr_grpo's constant length (default: --seq-len)")
+    group.add_argument("--match-sampler-truncation", action=argparse.BooleanOptionalAction, default=True,
+                       help="score each token under the top-p/top-k/min-p truncated distribution it was sampled "
+                            "from, as vLLM's processed logprobs are (off: the full distribution, as TRL)")
+    group.add_argument("--max-staleness", type=int, default=None,
+                       help="train only on groups sampled by weights at most this many steps old, registered with "
+                            "the API, which drops older ones (default: 2 x --vllm-restart-interval; -1: no bound)")
     group.add_argument("--use-env-advantages", action="store_true",
                        help="use the per-token advantages environments send instead of normalised scores")
     group.add_argument("--missing-logprobs", choices=("on_policy", "error"), default="on_policy",
@@ -89,7 +117,10 @@ def _grpo_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _vllm_args(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("vLLM")
+    group = parser.add_argument_group("vLLM", description=(
+        "The trainer's vLLM server reports each sampled token's log-probability under the distribution it was "
+        "drawn from (--logprobs-mode processed_logprobs: after temperature, min-p, top-k and top-p), and the "
+        "policy version (training step) of the weights it serves."))
     group.add_argument("--vllm-port", type=int, default=9001, help="port of the vLLM server")
     group.add_argument("--vllm-gpu", type=int, default=None, help="GPU index for vLLM (default: the trainer's)")
     group.add_argument("--gpu-memory-utilization", "--vllm-gpu-memory-utilization", dest="gpu_memory_utilization",
@@ -112,6 +143,9 @@ def _api_args(parser: argparse.ArgumentParser) -> None:
                        help="batches leased ahead, the one training included")
     group.add_argument("--lease-seconds", type=float, default=1800.0,
                        help="a leased batch not acknowledged within this is served again")
+    group.add_argument("--replace-run", action="store_true",
+                       help="when the API holds a run registered with another batch size, max token length or "
+                            "staleness bound, replace its settings (its queued groups stay) instead of stopping")
 
 
 def _wandb_args(parser: argparse.ArgumentParser) -> None:

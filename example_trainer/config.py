@@ -13,6 +13,12 @@ same here), with these changes:
   ``inference_server_urls`` / ``slurm_inference_servers``: in ``reload`` mode, inference
   servers the trainer did not start (other machines, a Slurm job's inference nodes) take
   each checkpoint instead of a vLLM of its own (`example_trainer.inference_servers`).
+* Added for the loss (`example_trainer.loss`): ``loss_type``, ``epsilon_high``,
+  ``dual_clip``, ``tis_cap``, ``scale_rewards``, ``kl_reference``, ``loss_norm_length``,
+  ``match_sampler_truncation``; for the loop: ``max_staleness`` (registered with the API,
+  which serves no group sampled by older weights), ``pad_to_multiple`` (Atropos's 64 on a
+  GPU, no rounding on a CPU) and ``replace_run`` (register over a stored run whose settings
+  differ, instead of stopping with an error).
 * ``trainer_rank``, ``world_size``, ``init_method``, ``num_inference_nodes`` and
   ``single_copy`` were never read by Atropos's trainer. They are still accepted, so old
   configurations load, but setting one to anything but its default warns
@@ -35,7 +41,20 @@ WEIGHT_BRIDGE_MODES: tuple[WeightBridgeMode, ...] = ("shared_vllm", "lora_only",
 OptimizerName = Literal["adamw", "adamw_8bit", "adafactor"]
 OPTIMIZERS: tuple[OptimizerName, ...] = ("adamw", "adamw_8bit", "adafactor")
 MissingLogprobs = Literal["error", "on_policy"]
-__all__ = ["DTYPES", "Dtype", "DtypeChoice", "TrainingConfig", "WEIGHT_BRIDGE_MODES", "OPTIMIZERS"]
+LossType = Literal["grpo", "dr_grpo", "dapo", "gspo"]
+LOSS_TYPES: tuple[LossType, ...] = ("grpo", "dr_grpo", "dapo", "gspo")
+ScaleRewards = Literal["group", "batch", "none"]
+SCALE_REWARDS: tuple[ScaleRewards, ...] = ("group", "batch", "none")
+KlReference = Literal["sampler", "model"]
+KL_REFERENCES: tuple[KlReference, ...] = ("sampler", "model")
+# Pad each micro-batch's label width to a multiple of this on a GPU (Atropos's rule: kernels
+# like aligned shapes); on a CPU padding only costs, so rollouts are padded to the longest.
+GPU_PAD_MULTIPLE = 64
+CPU_PAD_MULTIPLE = 1
+# --max-staleness's default, in weight syncs: rollouts may lag one sync behind the natural lag.
+STALENESS_SYNCS = 2
+__all__ = ["DTYPES", "Dtype", "DtypeChoice", "KL_REFERENCES", "LOSS_TYPES", "OPTIMIZERS", "SCALE_REWARDS",
+           "TrainingConfig", "WEIGHT_BRIDGE_MODES"]
 
 DEFAULT_LORA_TARGETS = ["q_proj", "v_proj"]
 # Field name -> default of the fields kept only so that old configurations still load.
@@ -81,11 +100,26 @@ class TrainingConfig(BaseModel):
     keep_last_n: Optional[int] = Field(None, ge=1, description="keep only this many step checkpoints")
 
     # GRPO
+    loss_type: LossType = Field("grpo", description="policy loss: grpo, dr_grpo, dapo or gspo")
     clip_eps: float = Field(0.2, gt=0, lt=1)
-    kl_coef: float = Field(0.0, ge=0, description="weight of the k3 KL estimate against the sampler")
+    epsilon_high: Optional[float] = Field(None, gt=0, description="upper clip (clip-higher); None: clip_eps")
+    dual_clip: Optional[float] = Field(None, gt=1, description="bound of negative-advantage losses (dual clip)")
+    tis_cap: Optional[float] = Field(None, gt=0, description="truncated importance sampling: weight cap")
+    scale_rewards: ScaleRewards = Field("group", description="divide centred scores by the group's std, the "
+                                                              "batch's, or nothing")
+    kl_coef: float = Field(0.0, ge=0, description="weight of the k3 KL penalty")
+    kl_reference: KlReference = Field("sampler", description="KL against the sampler or a frozen reference model")
+    loss_norm_length: Optional[int] = Field(None, ge=1, description="dr_grpo's constant length; None: seq_len")
+    match_sampler_truncation: bool = Field(
+        True, description="score tokens under the top-p/top-k/min-p truncated distribution they were sampled from")
+    max_staleness: Optional[int] = Field(
+        None, ge=-1, description="oldest weights (in steps) a trained group may come from; None: "
+                                 f"{STALENESS_SYNCS} x vllm_restart_interval, -1: no bound")
     use_env_advantages: bool = Field(False, description="train on the API's per-token advantages when present")
     missing_logprobs: MissingLogprobs = Field(
         "on_policy", description="rows without inference logprobs: ratio 1 (on_policy) or refuse (error)")
+    pad_to_multiple: Optional[int] = Field(
+        None, ge=1, description=f"label width multiple; None: {GPU_PAD_MULTIPLE} on a GPU, {CPU_PAD_MULTIPLE} on a CPU")
 
     # vLLM
     vllm_restart_interval: int = Field(3, ge=1, description="steps between weight syncs")
@@ -99,6 +133,7 @@ class TrainingConfig(BaseModel):
 
     # Trajectory API
     atropos_url: str = "http://localhost:8000"
+    replace_run: bool = Field(False, description="register even when the API holds a run with other settings")
     max_prefetch_batches: int = Field(4, ge=1, description="leased batches held at once, the one training included")
     lease_seconds: float = Field(1800.0, gt=0, le=86_400, description="how long a leased batch stays ours")
 
@@ -178,6 +213,20 @@ class TrainingConfig(BaseModel):
     def registered_batch_size(self) -> int:
         """Sequences per optimizer step: what the trainer registers as the API's batch size."""
         return self.batch_size * self.gradient_accumulation_steps
+
+    @property
+    def registered_max_staleness(self) -> Optional[int]:
+        """The staleness bound registered with the API (None: no bound)."""
+        if self.max_staleness is None:
+            return STALENESS_SYNCS * self.vllm_restart_interval
+        return None if self.max_staleness < 0 else self.max_staleness
+
+    @property
+    def pad_multiple(self) -> int:
+        """The label-width multiple micro-batches are padded to on this run's device."""
+        if self.pad_to_multiple is not None:
+            return self.pad_to_multiple
+        return GPU_PAD_MULTIPLE if self.device.startswith("cuda") else CPU_PAD_MULTIPLE
 
     @property
     def lora_targets(self) -> list[str]:

@@ -3,7 +3,8 @@
     atropos-grpo --model-name DIR_OR_HUB_ID --training-steps 20 --weight-bridge-mode reload
 
 Exit status: 0 when training finished, 1 with one ``error:`` line when it could not start or
-go on, 2 when the chosen mode needs hardware this machine lacks, 130 / 143 when stopped by
+go on, 2 when the chosen mode needs hardware this machine lacks or the API holds a run whose
+batch size, token limit or staleness bound differ (``--replace-run``), 130 / 143 when stopped by
 Ctrl-C / SIGTERM (vLLM stopped, unacknowledged batches back in the API's queue).
 """
 
@@ -19,8 +20,8 @@ from atroposlib.local.signals import StopSignal, stop_signals_raise
 from atroposlib.local.vllm_service import VLLMStartError
 from example_trainer.cli import parse_config
 from example_trainer.config import TrainingConfig
-from example_trainer.trainers import (GpuRequiredError, TrainerError, train_legacy, train_lora, train_lora_restart,
-                                      train_shared_vllm)
+from example_trainer.trainers import (GpuRequiredError, RegistrationMismatchError, TrainerError, train_legacy,
+                                      train_lora, train_lora_restart, train_shared_vllm)
 from example_trainer.api import AtroposApiError
 from example_trainer.checkpointing import CheckpointError
 from example_trainer.inference_servers import InferenceServerError
@@ -43,7 +44,7 @@ def run_training(config: TrainingConfig) -> None:
     try:
         with stop_signals_raise():
             entry(config)
-    except GpuRequiredError as exc:
+    except (GpuRequiredError, RegistrationMismatchError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
     except STOPPING_ERRORS as exc:

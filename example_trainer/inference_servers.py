@@ -133,15 +133,17 @@ class InferenceServers:
             raise InferenceServerError(f"{len(refusals)} of {len(self.roots)} inference servers cannot take the "
                                        f"trainer's weights: {_combined(refusals)}")
 
-    def reload(self, weights: str) -> float:
+    def reload(self, weights: str, policy_version: int) -> float:
         """Make every server read the weights in the folder `weights` (sent as an absolute
-        path), all at once; returns the seconds it took, or raises `InferenceServerError`."""
+        path), all at once, and report them as `policy_version` (the trainer step they are
+        from); returns the seconds it took, or raises `InferenceServerError`."""
         folder = str(Path(weights).absolute())
         started = time.monotonic()
 
         async def reload_one(client: httpx.AsyncClient, root: str) -> Optional[Refusal]:
             try:
-                response = await client.post(f"{root}/reload_weights", json={"weights_path": folder})
+                response = await client.post(f"{root}/reload_weights",
+                                             json={"weights_path": folder, "policy_version": policy_version})
             except httpx.HTTPError as exc:
                 return Refusal(root, f"no answer ({_reason(exc)})")
             if response.status_code < 400:

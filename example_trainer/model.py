@@ -12,6 +12,15 @@ layers or LoRA). Then either:
 * LoRA modes (``lora_only``, ``lora_restart``): the base model is frozen and PEFT adapters
   are added on ``lora_target_modules`` (optionally only in ``lora_layer_indices``); with
   ``resume_from`` the adapter saved there is loaded, trainable, instead.
+
+Dropout is switched off (every ``nn.Dropout``, LoRA's included, and the attention dropout):
+the importance ratio compares the trainer's log-probabilities with the sampler's, and
+dropout would make the trainer's a random draw of a different model. The model stays in
+train mode, which gradient checkpointing needs.
+
+`reference_logprobs` gives the frozen reference policy a KL penalty can be measured
+against (``--kl-reference model``): the starting model, or in the LoRA modes the base
+model with the adapters switched off (no second copy of the weights).
 """
 
 from __future__ import annotations
@@ -28,6 +37,8 @@ from packaging.version import Version
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from example_trainer.config import TrainingConfig
+from example_trainer.data import MicroBatch
+from example_trainer.logprobs import ReferenceLogprobs, sampled_token_logprobs
 
 log = logging.getLogger("example_trainer")
 
@@ -125,6 +136,19 @@ def _enable_gradient_checkpointing(model: PreTrainedModel) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
+def disable_dropout(model: torch.nn.Module) -> int:
+    """Set every dropout of `model` to 0 (modules and attention); returns how many there were."""
+    count = 0
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+            count += 1
+        if isinstance(getattr(module, "attention_dropout", None), float):
+            module.attention_dropout = 0.0
+            count += 1
+    return count
+
+
 def _tokenizer_source(config: TrainingConfig) -> str:
     if config.resume_from and (Path(config.resume_from) / "tokenizer_config.json").exists():
         return config.resume_from
@@ -144,6 +168,31 @@ def load_model_and_tokenizer(config: TrainingConfig) -> tuple[PreTrainedModel, P
     else:
         apply_train_layer_filter(model, config.train_layer_indices)
     _enable_gradient_checkpointing(model)
+    disable_dropout(model)
     model.to(config.device)
     model.train()
     return model, tokenizer
+
+
+def reference_logprobs(model: torch.nn.Module, config: TrainingConfig) -> Optional[ReferenceLogprobs]:
+    """The reference policy's log-probabilities of a micro-batch's labels (under each
+    rollout's sampling distribution), when the KL penalty is measured against a frozen
+    model; None otherwise."""
+    if config.kl_reference != "model" or config.kl_coef <= 0:
+        return None
+    if config.weight_bridge_mode in LORA_MODES:
+        def base_without_adapters(micro: MicroBatch) -> torch.Tensor:
+            with torch.no_grad(), model.disable_adapter():
+                return sampled_token_logprobs(model, micro, config.match_sampler_truncation)[0]
+
+        return base_without_adapters
+    frozen = _load_causal_lm(config.model_name, config)
+    frozen.requires_grad_(False)
+    disable_dropout(frozen)
+    frozen.to(config.device).eval()
+
+    def starting_model(micro: MicroBatch) -> torch.Tensor:
+        with torch.no_grad():
+            return sampled_token_logprobs(frozen, micro, config.match_sampler_truncation)[0]
+
+    return starting_model

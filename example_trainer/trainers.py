@@ -6,6 +6,11 @@ batch, train on it, and, every ``vllm_restart_interval`` steps, save a checkpoin
 it to vLLM (how depends on the mode: `example_trainer.weight_sync`). A batch is acknowledged
 to the API only after the step that used it, so the API's step equals the trainer's and a
 trainer that dies mid-step loses no data (the lease runs out and the batch is served again).
+
+Each checkpoint reaches vLLM with its step as the *policy version* the server then reports,
+so every group says which weights sampled it; the trainer logs each batch's staleness (its
+step minus the groups' versions) and registers ``--max-staleness``, beyond which the API
+serves no group (`atroposlib.policy_version`).
 """
 
 from __future__ import annotations
@@ -18,12 +23,14 @@ from typing import Any, Optional
 import torch
 import transformers
 
+from atroposlib.policy_version import staleness
 from example_trainer.api import BatchFeed, check_atropos_api, register_trainer
 from example_trainer.checkpointing import (TrainerState, load_resume_state, restore_optimizer_and_rng,
                                            save_checkpoint, save_lora_checkpoint, save_tokenizer)
 from example_trainer.config import TrainingConfig
-from example_trainer.data import prepare_batch
-from example_trainer.model import load_model_and_tokenizer
+from example_trainer.data import PreparedBatch, prepare_batch
+from example_trainer.logprobs import ReferenceLogprobs
+from example_trainer.model import load_model_and_tokenizer, reference_logprobs
 from example_trainer.training import (create_optimizer, finalize_training, log_metrics, run_training_step,
                                       setup_wandb)
 from example_trainer.weight_sync import WeightSync, make_weight_sync
@@ -37,6 +44,14 @@ class GpuRequiredError(TrainerError):
     """The chosen mode needs an NVIDIA GPU and this machine has none."""
 
 
+class RegistrationMismatchError(TrainerError):
+    """The API holds a run registered with settings this trainer would silently break."""
+
+
+# Registered settings that change what a batch is: a trainer must not carry on with another run's.
+BATCH_SHAPING = ("batch_size", "max_token_len", "max_staleness")
+
+
 @dataclass
 class Run:
     """What the steps of one training run share."""
@@ -48,6 +63,7 @@ class Run:
     sync: WeightSync
     feed: BatchFeed
     use_wandb: bool
+    reference: Optional[ReferenceLogprobs] = None
     timings: dict[str, list[float]] = field(default_factory=lambda: {"step_times": [], "sync_times": []})
 
 
@@ -63,20 +79,19 @@ def train(config: TrainingConfig) -> None:
         optimizer = create_optimizer(model, config)
         first_step = resume(config, optimizer)
         Path(config.save_path).mkdir(parents=True, exist_ok=True)
-        register_trainer(config, starting_step=first_step)
-        print(f"registered with {config.atropos_url}: {config.registered_batch_size} sequences per batch, "
-              f"max {config.seq_len} tokens, starting at step {first_step}")
+        register(config, first_step)
+        reference = reference_logprobs(model, config)
         use_wandb = setup_wandb(config)
         started = time.time()
         with BatchFeed(config.atropos_url, config.max_prefetch_batches, config.lease_seconds) as feed:
-            run = Run(config, model, tokenizer, optimizer, sync, feed, use_wandb)
+            run = Run(config, model, tokenizer, optimizer, sync, feed, use_wandb, reference)
             initial = save(run, first_step) if sync.saves_adapters else config.resume_from or config.model_name
-            print(f"vLLM ready in {sync.start(initial):.1f} s")
+            print(f"vLLM ready in {sync.start(initial, first_step):.1f} s")
             for step in range(first_step, config.training_steps):
                 train_step(run, step)
             final = save(run, config.training_steps, final=True)
             print(f"final weights: {final}")
-            sync.finish(final)
+            sync.finish(final, config.training_steps)
     finalize_training(use_wandb, started, mode=config.weight_bridge_mode, total_steps=config.training_steps - first_step,
                       benchmark_stats=run.timings, benchmark=config.benchmark)
 
@@ -86,14 +101,16 @@ def train_step(run: Run, step: int) -> None:
     config = run.config
     fetch_started = time.monotonic()
     leased = run.feed.next()
-    batch = prepare_batch(leased.items, config.batch_size, use_env_advantages=config.use_env_advantages)
+    batch = prepare_batch(leased.items, config.batch_size, use_env_advantages=config.use_env_advantages,
+                          pad_multiple=config.pad_multiple, pack=True, scale_rewards=config.scale_rewards,
+                          max_length=config.seq_len)
     data_fetch_time = time.monotonic() - fetch_started
     done = step + 1
     last = done == config.training_steps
     sync_step = done % max(config.vllm_restart_interval, 1) == 0 or last
     run.sync.before_training(sync_step)
     step_started = time.monotonic()
-    metrics = run_training_step(run.model, run.optimizer, batch, config, step)
+    metrics = run_training_step(run.model, run.optimizer, batch, config, step, run.reference)
     step_time = time.monotonic() - step_started
     sync_time = 0.0
     if sync_step or checkpoint_due(config, done):
@@ -107,10 +124,42 @@ def train_step(run: Run, step: int) -> None:
     run.timings["sync_times"].append(sync_time)
     scores = [score for item in leased.items for score in item["scores"]]
     metrics.update(step_time=step_time, sync_time=sync_time, data_fetch_time=data_fetch_time,
-                   mean_score=sum(scores) / len(scores))
+                   mean_score=sum(scores) / len(scores), **staleness_metrics(batch, step))
+    metrics["train/tokens_per_s"] = batch.positions / step_time if step_time > 0 else 0.0
     log_metrics(metrics, done, run.use_wandb, benchmark=config.benchmark, extra_metrics={
         "train/batch_mean_score": metrics["mean_score"], "train/sequences": batch.num_sequences,
         "train/api_step": api_step})
+
+
+def staleness_metrics(batch: PreparedBatch, step: int) -> dict[str, float]:
+    """How many steps old the weights that sampled the batch's groups are, trained at `step`."""
+    known = [value for value in (staleness(step, v) for v in batch.policy_versions) if value is not None]
+    metrics: dict[str, float] = {"staleness/unknown_groups": len(batch.policy_versions) - len(known)}
+    if known:
+        metrics.update({"staleness/mean": sum(known) / len(known), "staleness/max": max(known)})
+    return metrics
+
+
+def register(config: TrainingConfig, first_step: int) -> None:
+    """Register with the API; a stored run whose batch-shaping settings differ stops the trainer
+    (`RegistrationMismatchError`) unless ``--replace-run`` replaces them."""
+    answer = register_trainer(config, starting_step=first_step)
+    values = answer.get("config_mismatch_values") or {}
+    differing = [name for name in answer.get("config_mismatch") or [] if name in BATCH_SHAPING]
+    if differing:
+        described = ", ".join(
+            f"{name} {values.get(name, {}).get('stored', '?')} (this trainer: {values.get(name, {}).get('requested', '?')})"
+            for name in differing)
+        if not config.replace_run:
+            raise RegistrationMismatchError(
+                f"the API at {config.atropos_url} holds a run registered with {described}: pass --replace-run to "
+                "replace its settings (queued groups stay), or start run-api on a fresh database")
+        register_trainer(config, starting_step=first_step, replace=True)
+        print(f"replaced the API's run settings ({described})")
+    staleness_bound = config.registered_max_staleness
+    print(f"registered with {config.atropos_url}: {config.registered_batch_size} sequences per batch, "
+          f"max {config.seq_len} tokens, staleness bound "
+          f"{'none' if staleness_bound is None else f'{staleness_bound} steps'}, starting at step {first_step}")
 
 
 def checkpoint_due(config: TrainingConfig, done: int) -> bool:

@@ -15,11 +15,20 @@ answers of Atropos's bundled server:
   also per completion and position ``[{"<id>": logprob}]``, with ``prompt_logprobs`` per
   prompt position ``{"<id>": logprob}`` (``null`` for the first). A client that hangs up
   gets 499 and its request is aborted.
-- ``POST /reload_weights {"weights_path": DIR}``: new weights of the same architecture, in
-  place: requests in flight finish on the old weights, the next ones wait and then see only
-  the new (the trainer's ``reload`` weight-bridge mode).
+- ``POST /reload_weights {"weights_path": DIR, "policy_version": N}``: new weights of the
+  same architecture, in place: requests in flight finish on the old weights, the next ones
+  wait and then see only the new (the trainer's ``reload`` weight-bridge mode).
 - ``/lora/status``, ``/lora/load``, ``/lora/unload``: the adapter later ``/generate`` (and
   OpenAI route) calls use.
+
+Log-probabilities are those of the distribution tokens are drawn from (after temperature,
+min-p, top-k and top-p: ``--logprobs-mode processed_logprobs`` unless the command line says
+otherwise), which is what a trainer's importance ratio needs. The server knows its *policy
+version* (``--policy-version`` at start, then each reload's or adapter load's
+``policy_version``, else one more than before): every answer carries it in the
+``X-Atropos-Policy-Version`` header, ``/generate`` also as ``"policy_version"`` and
+``/bridge/info`` as ``policy_version``. A request reports the version that was served when
+it arrived (a request that waited through a reload is reported one version old).
 - ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``: OpenAI's
   routes (`openai_routes`, beside this file), for environments' ``chat_completion`` and
   ``completion`` calls and the ``openai`` client, on the same engine and adapter. Atropos's
@@ -65,6 +74,8 @@ else:  # run as a script: its own folder is on sys.path
     from openai_routes import CLIENT_CLOSED, EngineHooks, openai_router
 
 OPEN_PATHS = ("/health",)
+# atroposlib.policy_version's header (this file runs where atroposlib may not be installed)
+POLICY_VERSION_HEADER = "X-Atropos-Policy-Version"
 
 
 @dataclass
@@ -72,6 +83,7 @@ class ServerState:
     """What the routes remember between calls."""
 
     api_key: Optional[str] = None
+    policy_version: int = 0
     reload_count: int = 0
     last_reload_time: float = 0.0
     adapter_path: Optional[str] = None
@@ -94,6 +106,15 @@ engine: Optional[AsyncLLM] = None
 _reload_lock = asyncio.Lock()
 
 
+@app.middleware("http")
+async def _policy_version_header(request: Request, call_next: Any) -> Response:
+    arrived_at = state.policy_version  # what is served when the request arrives, not after a reload
+    request.state.policy_version = arrived_at
+    response = await call_next(request)
+    response.headers[POLICY_VERSION_HEADER] = str(arrived_at)
+    return response
+
+
 def _engine() -> AsyncLLM:
     if engine is None:
         raise HTTPException(status_code=503, detail="the engine is not running yet")
@@ -103,6 +124,7 @@ def _engine() -> AsyncLLM:
 class LoraLoadRequest(BaseModel):
     adapter_path: str
     adapter_name: Optional[str] = None
+    policy_version: Optional[int] = None
 
 
 class LoraStatusResponse(BaseModel):
@@ -116,6 +138,7 @@ class LoraStatusResponse(BaseModel):
 
 class ReloadRequest(BaseModel):
     weights_path: str
+    policy_version: Optional[int] = None
 
 
 class ReloadResponse(BaseModel):
@@ -171,7 +194,7 @@ def _positions(logprobs: Any) -> list[Optional[dict[str, float]]]:
             for position in logprobs]
 
 
-def _answer(output: RequestOutput, params: SamplingParams) -> dict[str, Any]:
+def _answer(output: RequestOutput, params: SamplingParams, policy_version: int) -> dict[str, Any]:
     prompt = output.prompt
     if prompt is None:
         tokenizer = _engine().tokenizer
@@ -181,6 +204,7 @@ def _answer(output: RequestOutput, params: SamplingParams) -> dict[str, Any]:
         "finish_reasons": [choice.finish_reason for choice in output.outputs],
         "prompt_token_ids": list(output.prompt_token_ids or []),
         "token_ids": [list(choice.token_ids) for choice in output.outputs],
+        "policy_version": policy_version,
     }
     if params.logprobs is not None:
         answer["logprobs"] = [[[position] for position in _positions(choice.logprobs or [])]
@@ -240,7 +264,7 @@ async def generate(request: Request) -> Response:
     output = await _final_or_hung_up(request, outputs)
     if output is None:
         return Response(status_code=CLIENT_CLOSED)
-    return JSONResponse(_answer(output, params))
+    return JSONResponse(_answer(output, params, request.state.policy_version))
 
 
 async def _stream(outputs: AsyncIterator[RequestOutput]) -> AsyncIterator[bytes]:
@@ -263,12 +287,15 @@ async def reload_weights(request: ReloadRequest) -> ReloadResponse:
         try:
             await running.collective_rpc("reload_weights", kwargs={"weights_path": request.weights_path})
             await running.reset_prefix_cache()  # cached prefixes were computed with the old weights
+            # before generation resumes: no request can arrive on the new weights and see the old version
+            state.reload_count += 1
+            state.policy_version = state.policy_version + 1 if request.policy_version is None \
+                else request.policy_version
+            state.last_reload_time = time.time()
         except Exception as exc:
             raise HTTPException(status_code=500, detail=f"reload failed: {exc}") from exc
         finally:
             await running.resume_generation()
-    state.reload_count += 1
-    state.last_reload_time = time.time()
     return ReloadResponse(status="ok", seconds=time.monotonic() - started)
 
 
@@ -306,6 +333,7 @@ async def lora_load(request: LoraLoadRequest) -> dict[str, Any]:
         raise HTTPException(status_code=400, detail=f"could not load the adapter: {exc}") from exc
     state.adapter_path, state.adapter_name, state.adapter_id = adapter.lora_path, adapter.lora_name, adapter.lora_int_id
     state.adapter_loads += 1
+    state.policy_version = state.policy_version + 1 if request.policy_version is None else request.policy_version
     if previous is not None:
         await _engine().remove_lora(previous)
     return {"status": "ok", "adapter_path": state.adapter_path, "adapter_name": state.adapter_name,
@@ -340,6 +368,7 @@ def _model_summary() -> dict[str, Any]:
 @app.get("/bridge/info")
 async def bridge_info() -> dict[str, Any]:
     return {"enabled": False, "shared_weights": False, "update_count": state.reload_count,
+            "policy_version": state.policy_version,
             "last_update_time": state.last_reload_time, "model_name": _model_summary()["model"],
             "device": current_platform.device_type, "detail": NOT_SHARED}
 
@@ -413,7 +442,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--ssl-certfile", default=None, help="TLS certificate file.")
     parser.add_argument("--ssl-ca-certs", default=None, help="CA certificates for client certificates.")
     parser.add_argument("--root-path", default="", help="URL prefix when behind a path-based proxy.")
-    return AsyncEngineArgs.add_cli_args(parser)
+    parser.add_argument("--policy-version", type=int, default=0,
+                        help="Policy version of the weights served at start (the trainer step they are from).")
+    parser = AsyncEngineArgs.add_cli_args(parser)
+    # the trainer's importance ratio needs the log-probabilities of the distribution sampled from
+    parser.set_defaults(logprobs_mode="processed_logprobs")
+    return parser
 
 
 def _exit_on_sigterm(signum: int, frame: Any) -> None:
@@ -424,6 +458,7 @@ async def serve(args: argparse.Namespace) -> None:
     """Load the engine, then answer HTTP until SIGINT or SIGTERM; the engine is shut down either way."""
     global engine
     state.api_key = args.api_key
+    state.policy_version = args.policy_version
     # uvicorn re-raises the SIGTERM it caught once it has stopped: with the default handler the
     # process would die right there, skipping `engine.shutdown()` and leaving the engine's
     # processes running when only the server's own pid was signalled (`kill PID`)

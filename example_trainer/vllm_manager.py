@@ -87,12 +87,17 @@ def _checked(response: httpx.Response, what: str) -> dict[str, Any]:
     return response.json() if response.content else {}
 
 
-def _load_adapter(port: int, name: str, path: str, timeout: float = 300.0) -> None:
-    """vLLM's own ``/v1/load_lora_adapter`` when the server has it, else the bundled ``/lora/load``."""
+def _load_adapter(port: int, name: str, path: str, policy_version: Optional[int] = None,
+                  timeout: float = 300.0) -> None:
+    """vLLM's own ``/v1/load_lora_adapter`` when the server has it, else the bundled ``/lora/load``
+    (which also takes the `policy_version` to report; vLLM's own route knows none)."""
     with httpx.Client(timeout=timeout) as client:
         response = client.post(f"{_root(port)}/v1/load_lora_adapter", json={"lora_name": name, "lora_path": path})
         if response.status_code == 404:
-            response = client.post(f"{_root(port)}/lora/load", json={"adapter_path": path, "adapter_name": name})
+            body: dict[str, Any] = {"adapter_path": path, "adapter_name": name}
+            if policy_version is not None:
+                body["policy_version"] = policy_version
+            response = client.post(f"{_root(port)}/lora/load", json=body)
         _checked(response, f"loading adapter {path}")
 
 
@@ -112,11 +117,11 @@ def wait_for_vllm_ready(port: int, timeout: float = 120.0) -> bool:
     return False
 
 
-def hotswap_lora_adapter(adapter_name: str, adapter_path: str, port: int) -> bool:
-    """Make the server on `port` sample with the adapter in `adapter_path`; False (and the
-    reason printed) when it could not."""
+def hotswap_lora_adapter(adapter_name: str, adapter_path: str, port: int, policy_version: Optional[int] = None) -> bool:
+    """Make the server on `port` sample with the adapter in `adapter_path` (reporting
+    `policy_version` where it can); False (and the reason printed) when it could not."""
     try:
-        _load_adapter(port, adapter_name, adapter_path)
+        _load_adapter(port, adapter_name, adapter_path, policy_version)
     except (VLLMRequestError, httpx.HTTPError) as exc:
         print(f"could not hot-swap adapter {adapter_path}: {exc}", flush=True)
         return False
@@ -148,11 +153,12 @@ class TrainerVLLM:
             return ()
         return ("--enable-lora", "--max-lora-rank", str(_lora_rank(self.config.lora_r)))
 
-    def server_for(self, model_path: str, adapter: Optional[str] = None) -> LocalVLLM:
-        """The launcher for the bundled server on `model_path` (not started)."""
+    def server_for(self, model_path: str, adapter: Optional[str] = None, policy_version: int = 0) -> LocalVLLM:
+        """The launcher for the bundled server on `model_path`, reporting `policy_version` (not started)."""
         environ = {} if self.config.vllm_gpu is None else {"CUDA_VISIBLE_DEVICES": str(self.config.vllm_gpu)}
         server = LocalVLLM(Path(model_path), port=self.port, served_name=self.config.model_name,
-                           max_model_len=self.config.max_model_len, extra_args=self._lora_args(adapter),
+                           max_model_len=self.config.max_model_len,
+                           extra_args=("--policy-version", str(policy_version), *self._lora_args(adapter)),
                            log_path=self.log_path, dtype=self.dtype.dtype, python=self.python,
                            entrypoint=(str(SERVER_SCRIPT),), environ=environ)
         if server.gpu:
@@ -172,16 +178,18 @@ class TrainerVLLM:
                if name.startswith("VLLM_CPU_") and os.environ.get(name) != value]
         return shlex.join([*cpu, *server.command()])
 
-    def start(self, model_path: str, *, adapter: Optional[str] = None, timeout: float = 600.0) -> float:
-        """Launch the server on `model_path` (and activate `adapter`) once it answers /health."""
+    def start(self, model_path: str, *, adapter: Optional[str] = None, policy_version: int = 0,
+              timeout: float = 600.0) -> float:
+        """Launch the server on `model_path` (and activate `adapter`), reporting `policy_version`,
+        once it answers /health."""
         if self.is_running():
             raise VLLMStartError(f"the trainer's vLLM already runs on port {self.port}")
         started = time.monotonic()
-        server = self.server_for(model_path, adapter)
+        server = self.server_for(model_path, adapter, policy_version)
         server.start(timeout)
         self.server, self.model_path = server, model_path
         if adapter is not None:
-            self.load_lora_adapter(ADAPTER_NAME, adapter)
+            self.load_lora_adapter(ADAPTER_NAME, adapter, policy_version)
         return time.monotonic() - started
 
     def stop(self, grace: float = 20.0) -> None:
@@ -190,23 +198,26 @@ class TrainerVLLM:
             self.server.stop(grace)
             self.server = None
 
-    def restart(self, model_path: str, *, adapter: Optional[str] = None, timeout: float = 600.0) -> float:
+    def restart(self, model_path: str, *, adapter: Optional[str] = None, policy_version: int = 0,
+                timeout: float = 600.0) -> float:
         started = time.monotonic()
         self.stop()
-        self.start(model_path, adapter=adapter, timeout=timeout)
+        self.start(model_path, adapter=adapter, policy_version=policy_version, timeout=timeout)
         return time.monotonic() - started
 
-    def reload_weights(self, weights_dir: str, timeout: float = 600.0) -> float:
-        """Swap in the weights saved in `weights_dir` (same architecture) without a restart."""
+    def reload_weights(self, weights_dir: str, policy_version: int, timeout: float = 600.0) -> float:
+        """Swap in the weights saved in `weights_dir` (same architecture) without a restart; the
+        server then reports `policy_version`."""
         started = time.monotonic()
-        response = httpx.post(f"{_root(self.port)}/reload_weights", json={"weights_path": str(weights_dir)},
+        response = httpx.post(f"{_root(self.port)}/reload_weights",
+                              json={"weights_path": str(weights_dir), "policy_version": policy_version},
                               timeout=timeout)
         _checked(response, f"reloading weights from {weights_dir}")
         return time.monotonic() - started
 
-    def load_lora_adapter(self, name: str, path: str) -> float:
+    def load_lora_adapter(self, name: str, path: str, policy_version: Optional[int] = None) -> float:
         started = time.monotonic()
-        _load_adapter(self.port, name, path)
+        _load_adapter(self.port, name, path, policy_version)
         return time.monotonic() - started
 
     def is_running(self) -> bool:

@@ -49,11 +49,11 @@ class WeightSync(ABC):
         self.config = config
         self.vllm = vllm
 
-    def start(self, weights: str) -> float:
+    def start(self, weights: str, policy_version: int) -> float:
         """Make vLLM serve `weights` (a model folder or name, or an adapter folder in the LoRA
-        modes); returns the seconds it took."""
+        modes) as `policy_version`, the step they are from; returns the seconds it took."""
         assert self.vllm is not None
-        return self.vllm.start(weights)
+        return self.vllm.start(weights, policy_version=policy_version)
 
     def before_training(self, sync_step: bool) -> None:
         """Called before each training step; vLLM keeps serving unless told otherwise."""
@@ -62,11 +62,12 @@ class WeightSync(ABC):
 
     @abstractmethod
     def publish(self, checkpoint: str, step: int) -> float:
-        """Give vLLM the weights saved in `checkpoint` after `step`; returns the seconds it took."""
+        """Give vLLM the weights saved in `checkpoint` after `step` (their policy version);
+        returns the seconds it took."""
 
-    def finish(self, final: str) -> None:
-        """Called with the final weights after the last step. A server the trainer started stops
-        right after, so giving them to it would only delay the end."""
+    def finish(self, final: str, step: int) -> None:
+        """Called with the final weights after the last step, `step`. A server the trainer
+        started stops right after, so giving them to it would only delay the end."""
 
     def close(self) -> None:
         if self.vllm is not None:
@@ -85,7 +86,7 @@ class RestartSync(WeightSync):
 
     def publish(self, checkpoint: str, step: int) -> float:
         assert self.vllm is not None
-        return self.vllm.restart(checkpoint)
+        return self.vllm.restart(checkpoint, policy_version=step)
 
 
 class ReloadSync(WeightSync):
@@ -97,7 +98,7 @@ class ReloadSync(WeightSync):
 
     def publish(self, checkpoint: str, step: int) -> float:
         assert self.vllm is not None
-        return self.vllm.reload_weights(checkpoint)
+        return self.vllm.reload_weights(checkpoint, policy_version=step)
 
 
 class LoraHotSwapSync(WeightSync):
@@ -106,14 +107,14 @@ class LoraHotSwapSync(WeightSync):
 
     saves_adapters = True
 
-    def start(self, weights: str) -> float:
+    def start(self, weights: str, policy_version: int) -> float:
         """Load the run's first adapter: the resumed one, or a fresh (no-op) one that replaces
         whatever adapter the server was left with."""
         port = self.config.vllm_port
         if not check_vllm_health(port):
             raise WeightSyncError(f"lora_only needs a vLLM server with LoRA on port {port}, and none answers "
                                   f"there; start one with\n  {self._launch_command()}")
-        return self._hotswap(Path(weights).name, weights)
+        return self._hotswap(Path(weights).name, weights, policy_version)
 
     def _launch_command(self) -> str:
         """The command the trainer would run itself (python, flags, CPU environment)."""
@@ -128,14 +129,14 @@ class LoraHotSwapSync(WeightSync):
         """The server is the user's: the trainer never stops it."""
 
     def publish(self, checkpoint: str, step: int) -> float:
-        return self._hotswap(f"step_{step}", checkpoint)
+        return self._hotswap(f"step_{step}", checkpoint, step)
 
-    def finish(self, final: str) -> None:
-        print(f"vLLM now serves {final} ({self._hotswap(Path(final).name, final):.1f} s)")
+    def finish(self, final: str, step: int) -> None:
+        print(f"vLLM now serves {final} ({self._hotswap(Path(final).name, final, step):.1f} s)")
 
-    def _hotswap(self, name: str, adapter: str) -> float:
+    def _hotswap(self, name: str, adapter: str, policy_version: int) -> float:
         started = time.monotonic()
-        if not hotswap_lora_adapter(name, adapter, self.config.vllm_port):
+        if not hotswap_lora_adapter(name, adapter, self.config.vllm_port, policy_version):
             raise WeightSyncError(f"vLLM on port {self.config.vllm_port} did not load the adapter in {adapter}")
         return time.monotonic() - started
 
@@ -146,13 +147,13 @@ class LoraRestartSync(WeightSync):
 
     saves_adapters = True
 
-    def start(self, weights: str) -> float:
+    def start(self, weights: str, policy_version: int) -> float:
         assert self.vllm is not None
-        return self.vllm.start(self.config.model_name, adapter=weights)
+        return self.vllm.start(self.config.model_name, adapter=weights, policy_version=policy_version)
 
     def publish(self, checkpoint: str, step: int) -> float:
         assert self.vllm is not None
-        return self.vllm.restart(self.config.model_name, adapter=checkpoint)
+        return self.vllm.restart(self.config.model_name, adapter=checkpoint, policy_version=step)
 
 
 class RemoteReloadSync(WeightSync):
@@ -163,19 +164,19 @@ class RemoteReloadSync(WeightSync):
         super().__init__(config, None)
         self.servers = servers
 
-    def start(self, weights: str) -> float:
+    def start(self, weights: str, policy_version: int) -> float:
         """The servers already serve the base model; a resumed run gives them its checkpoint."""
         print(f"inference servers taking the weights ({len(self.servers.roots)}): {', '.join(self.servers.roots)}")
-        return 0.0 if weights == self.config.model_name else self.servers.reload(weights)
+        return 0.0 if weights == self.config.model_name else self.servers.reload(weights, policy_version)
 
     def before_training(self, sync_step: bool) -> None:
         """The servers are not the trainer's: they keep serving."""
 
     def publish(self, checkpoint: str, step: int) -> float:
-        return self.servers.reload(checkpoint)
+        return self.servers.reload(checkpoint, step)
 
-    def finish(self, final: str) -> None:
-        print(f"inference servers now serve {final} ({self.servers.reload(final):.1f} s)")
+    def finish(self, final: str, step: int) -> None:
+        print(f"inference servers now serve {final} ({self.servers.reload(final, step):.1f} s)")
 
 
 STRATEGIES: dict[str, type[WeightSync]] = {

@@ -5,11 +5,17 @@ batches *committed* to a trainer: +1 per legacy ``GET /batch`` and per acknowled
 lease. A lease that is not acknowledged in time (or is nacked) puts its groups back at
 the head of the queue in their original order; groups whose leases keep expiring are
 dead-lettered after ``--max-redeliveries`` attempts instead of circling forever.
+
+With the run's ``max_staleness`` set, each batch formation first drops the queued groups
+whose staleness at the training step (`RunState.training_step`) exceeds it: they leave
+the queue for the journal state ``dropped`` (reason ``stale``) instead of being served.
+Groups of unknown policy version are always served.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from typing import Any, Iterator, Optional
 
 from atroposlib.api.errors import ApiError
@@ -17,8 +23,11 @@ from atroposlib.api.items import served_items
 from atroposlib.api.packing import pick_exact, pick_fifo_subset, pick_with_minimums
 from atroposlib.api.queue import Entry
 from atroposlib.api.state import Lease, RunState
+from atroposlib.policy_version import staleness
 
 log = logging.getLogger("atroposlib.api")
+
+STALE = "stale"
 
 
 class Dispatcher:
@@ -83,6 +92,7 @@ class Dispatcher:
         """Form the next batch, remove its groups from the queue and name it; inside
         the caller's transaction. None when no batch can be formed."""
         state = self.state
+        self._drop_stale()
         entries = self._form()
         if entries is None:
             return None
@@ -92,6 +102,34 @@ class Dispatcher:
         state.batch_counter += 1
         state.journal.set_meta("batch_counter", state.batch_counter)
         return entries, f"b-{state.batch_counter:06d}"
+
+    def _drop_stale(self) -> None:
+        """Drop every queued group staler than ``max_staleness`` at the training step;
+        inside the caller's transaction. The groups left out of the next batch train no
+        earlier than it, so a group too stale for it stays too stale."""
+        state = self.state
+        bound = state.max_staleness
+        oldest = state.queue.oldest_version()
+        if bound is None or oldest is None:
+            return
+        step = state.training_step()
+        if step - oldest <= bound:
+            return
+        lags = {e.seq: step - e.policy_version for e in state.queue if e.policy_version is not None}
+        stale = [e for e in state.queue if lags.get(e.seq, 0) > bound]
+        state.queue.take(e.seq for e in stale)
+        for entry in stale:
+            state.pending.remove(entry)
+        state.journal.drop_items((e.seq for e in stale), STALE, step)
+        state.dropped[STALE] += len(stale)
+        state.bump_queue()
+        for env_id, count in Counter(e.env_id for e in stale).items():
+            state.metrics.dropped_groups.labels(env=state.env_label(env_id), reason=STALE).inc(count)
+        dropped_lags = [lags[e.seq] for e in stale]
+        log.warning(
+            "dropped %d stale group(s): sampled %s steps before step %d, over max_staleness %d",
+            len(stale), _span(min(dropped_lags), max(dropped_lags)), step, bound,
+        )
 
     def unpackable_reason(self) -> Optional[str]:
         """Why queued groups can never form a batch, when that is so (cached per change)."""
@@ -125,9 +163,20 @@ class Dispatcher:
 
     def _commit(self, entries: list[Entry], batch_id: str) -> None:
         state = self.state
+        trained_at = state.step
         state.step += 1
+        unknown = 0
         for entry in entries:
             state.pending.remove(entry)
+            lag = staleness(trained_at, entry.policy_version)
+            if lag is None:
+                unknown += 1
+            else:
+                state.metrics.served_staleness.observe(lag)
+        if unknown:
+            state.unknown_version_groups += unknown
+            state.metrics.served_unknown_version.inc(unknown)
+            state.journal.set_meta("unknown_version_groups", state.unknown_version_groups)
         state.journal.move_items(
             ((e.seq, None) for e in entries), "served", batch_id, state.step, state.clock()
         )
@@ -241,6 +290,10 @@ class Dispatcher:
                 del state.leases[batch_id]
                 state.journal.drop_lease(batch_id)
             state.journal.forget_served_before(cutoff, state.latest_seq)
+
+
+def _span(low: int, high: int) -> str:
+    return str(low) if low == high else f"{low}-{high}"
 
 
 def _sizes_into(entries: Any, seen: list[Entry]) -> Iterator[int]:

@@ -71,7 +71,10 @@ class Intake:
             return repeated
         env_index = state.env_index(submission.env_id)
         warnings = list(submission.warnings)
-        entry = Entry(state.next_seq, submission.size, submission.env_id, state.clock())
+        entry = Entry(
+            state.next_seq, submission.size, submission.env_id, state.clock(),
+            policy_version=submission.policy_version,
+        )
         state.next_seq += 1
         if env_index is None or entry.size == state.envs[env_index].group_size:
             response = self._queue_new(entry, stored)
@@ -94,7 +97,9 @@ class Intake:
         state = self.state
         pos = state.queue.append(entry)
         state.pending.add(entry)
-        state.journal.insert_item(entry.seq, pos, "queued", entry.env_id, entry.size, entry.t, payload)
+        state.journal.insert_item(
+            entry.seq, pos, "queued", entry.env_id, entry.size, entry.t, payload, entry.policy_version
+        )
         self._set_latest(entry.seq)
         state.bump_queue()
         self._count(entry.env_id, "received")
@@ -104,7 +109,9 @@ class Intake:
         state = self.state
         buffer = state.buffers.setdefault(env_index, OrderedDict())
         buffer[entry.seq] = entry
-        state.journal.insert_item(entry.seq, None, "buffered", env_index, entry.size, entry.t, payload)
+        state.journal.insert_item(
+            entry.seq, None, "buffered", env_index, entry.size, entry.t, payload, entry.policy_version
+        )
         target = state.envs[env_index].group_size
         waiting = list(buffer.values())
         picked = subset_indices_summing_to([e.size for e in waiting], target)

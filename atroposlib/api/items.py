@@ -11,7 +11,11 @@ make the journal's writes 2-3x smaller.
 from __future__ import annotations
 
 import gzip
+from typing import Optional
 
+import orjson
+
+from atroposlib.policy_version import group_policy_version
 from atroposlib.wire import ITEM_KEYS, ScoredData
 
 _ITEM_FIELDS = set(ITEM_KEYS)
@@ -23,12 +27,20 @@ def item_json(group: ScoredData) -> bytes:
     return group.model_dump_json(include=_ITEM_FIELDS).encode()
 
 
+def _plain(stored: bytes) -> bytes:
+    return gzip.decompress(stored) if stored[:2] == _GZIP_MAGIC else stored
+
+
 def served_item(stored: bytes) -> bytes:
     """The canonical item JSON of a stored submission."""
-    if stored[:2] == _GZIP_MAGIC:
-        stored = gzip.decompress(stored)
     # Lax: it passed validation when it was stored (whole-number floats included).
-    return item_json(ScoredData.model_validate_json(stored, strict=False))
+    return item_json(ScoredData.model_validate_json(_plain(stored), strict=False))
+
+
+def stored_policy_version(stored: bytes) -> Optional[int]:
+    """The policy version of a stored submission (None: unknown)."""
+    group = orjson.loads(_plain(stored))
+    return group_policy_version(group) if isinstance(group, dict) else None
 
 
 def served_items(stored: list[bytes]) -> list[bytes]:

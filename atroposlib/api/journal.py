@@ -17,7 +17,11 @@ so both modes run the same code.
 
 Item states: ``buffered`` (waiting in an env's mixed-size buffer), ``queued``,
 ``leased`` (in an unacknowledged batch), ``served`` (kept for the served log until
-retention ends) and ``dead`` (dead-lettered after too many expired leases).
+retention ends), ``dead`` (dead-lettered after too many expired leases) and ``dropped``
+(taken out of the queue unserved; ``reason`` says why, ``step`` names the step it would
+have been trained at). Each item also keeps its ``policy_version`` (NULL: unknown).
+
+A database written before a column existed gains it when opened (`_migrate`).
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ from typing import Any, Iterable, Iterator, Optional
 
 import orjson
 
+from atroposlib.api.items import stored_policy_version
+
 log = logging.getLogger("atroposlib.api")
 
 _SCHEMA = """
@@ -50,7 +56,9 @@ CREATE TABLE IF NOT EXISTS items (
     batch_id TEXT,
     step INTEGER,
     expirations INTEGER NOT NULL DEFAULT 0,
-    data BLOB NOT NULL
+    data BLOB NOT NULL,
+    policy_version INTEGER,
+    reason TEXT
 );
 CREATE INDEX IF NOT EXISTS items_by_state ON items (state, pos);
 CREATE INDEX IF NOT EXISTS items_by_batch ON items (batch_id);
@@ -90,6 +98,7 @@ class Journal:
         path = str(folder / "state.sqlite3")
         self._writer_db = _connect(path, fsync)
         self._writer_db.executescript(_SCHEMA)
+        _migrate(self._writer_db)
         self._reader_db = _connect(path, fsync)
         self._unit: Optional[list[Statement]] = None
         self._uncommitted: dict[int, bytes] = {}
@@ -215,12 +224,13 @@ class Journal:
     # -- items --------------------------------------------------------------------
     def insert_item(
         self, seq: int, pos: Optional[int], state: str, env_id: Optional[int],
-        size: int, t: float, data: bytes,
+        size: int, t: float, data: bytes, policy_version: Optional[int] = None,
     ) -> None:
         self._uncommitted[seq] = data
         self._add(
-            "INSERT INTO items (seq, pos, state, env_id, size, t, data) VALUES (?,?,?,?,?,?,?)",
-            (seq, pos, state, env_id, size, t, data),
+            "INSERT INTO items (seq, pos, state, env_id, size, t, data, policy_version) "
+            "VALUES (?,?,?,?,?,?,?,?)",
+            (seq, pos, state, env_id, size, t, data, policy_version),
         )
 
     def move_items(
@@ -233,6 +243,14 @@ class Journal:
             "UPDATE items SET state = ?, pos = ?, batch_id = ?, step = ?, t = COALESCE(?, t) "
             "WHERE seq = ?",
             [(state, pos, batch_id, step, t, seq) for seq, pos in seqs_and_pos],
+            many=True,
+        )
+
+    def drop_items(self, seqs: Iterable[int], reason: str, step: int) -> None:
+        """Take items out of the queue for good, unserved, for `reason`."""
+        self._add(
+            "UPDATE items SET state = 'dropped', pos = NULL, reason = ?, step = ? WHERE seq = ?",
+            [(reason, step, seq) for seq in seqs],
             many=True,
         )
 
@@ -258,10 +276,13 @@ class Journal:
             found.update(self._read(f"SELECT seq, data FROM items WHERE seq IN ({marks})", chunk))
         return [found[seq] for seq in seqs if seq in found]
 
-    def live_items(self) -> list[tuple[int, Optional[int], str, Optional[int], int, float, Optional[str], int]]:
-        """(seq, pos, state, env_id, size, t, batch_id, expirations) of unserved items."""
+    def live_items(
+        self,
+    ) -> list[tuple[int, Optional[int], str, Optional[int], int, float, Optional[str], int, Optional[int]]]:
+        """(seq, pos, state, env_id, size, t, batch_id, expirations, policy_version) of
+        unserved items."""
         return self._read(
-            "SELECT seq, pos, state, env_id, size, t, batch_id, expirations FROM items "
+            "SELECT seq, pos, state, env_id, size, t, batch_id, expirations, policy_version FROM items "
             "WHERE state IN ('buffered', 'queued', 'leased') ORDER BY pos, seq"
         )
 
@@ -274,6 +295,10 @@ class Journal:
 
     def dead_letters(self) -> list[tuple[str, int]]:
         return self._read("SELECT batch_id, COUNT(*) FROM items WHERE state = 'dead' GROUP BY batch_id")
+
+    def dropped_counts(self) -> list[tuple[str, int]]:
+        """(reason, groups) of the dropped items."""
+        return self._read("SELECT reason, COUNT(*) FROM items WHERE state = 'dropped' GROUP BY reason")
 
     def forget_served_before(self, cutoff: float, keep_seq: Optional[int]) -> None:
         self._add("DELETE FROM items WHERE state = 'served' AND t < ? AND seq IS NOT ?", (cutoff, keep_seq))
@@ -323,6 +348,27 @@ def _resolve(future: "asyncio.Future[None]", failure: Optional[BaseException]) -
         future.set_result(None)
     else:
         future.set_exception(StorageFailed(str(failure)))
+
+
+def _migrate(db: sqlite3.Connection) -> None:
+    """Add the item columns a database from an earlier version lacks. Policy versions of
+    the groups still to be served are read back from their payloads; served and dead
+    groups keep NULL (unknown), which nothing reads."""
+    columns = {row[1] for row in db.execute("PRAGMA table_info(items)")}
+    if {"policy_version", "reason"} <= columns:
+        return
+    with db:  # one transaction: a crash midway leaves the old schema, migrated next time
+        db.execute("BEGIN IMMEDIATE")
+        if "reason" not in columns:
+            db.execute("ALTER TABLE items ADD COLUMN reason TEXT")
+        if "policy_version" not in columns:
+            db.execute("ALTER TABLE items ADD COLUMN policy_version INTEGER")
+            live = db.execute(
+                "SELECT seq, data FROM items WHERE state IN ('buffered', 'queued', 'leased')"
+            ).fetchall()
+            known = [(v, seq) for seq, data in live if (v := stored_policy_version(data)) is not None]
+            db.executemany("UPDATE items SET policy_version = ? WHERE seq = ?", known)
+            log.info("state journal: policy versions of %d stored group(s) read back", len(known))
 
 
 def _connect(path: str, fsync: str) -> sqlite3.Connection:

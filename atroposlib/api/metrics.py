@@ -55,6 +55,19 @@ class ApiMetrics:
             "Batches formed by the fallback packer without honouring minimum allocations",
             registry=r,
         )
+        self.dropped_groups = Counter(
+            "atropos_dropped_groups_total", "Queued groups dropped unserved", ["env", "reason"], registry=r
+        )
+        self.served_staleness = Histogram(
+            "atropos_served_staleness_steps",
+            "Trainer steps between a committed group's sampling weights and the step it trains",
+            buckets=(0, 1, 2, 3, 4, 6, 8, 12, 16, 32, 64),
+            registry=r,
+        )
+        self.served_unknown_version = Counter(
+            "atropos_served_unknown_version_total",
+            "Groups committed to a trainer without a known policy version", registry=r,
+        )
         self.request_bytes = Counter(
             "atropos_request_bytes_total", "Request body bytes received", ["endpoint"], registry=r
         )

@@ -1,8 +1,8 @@
 """The ordered queue of stored groups and the counters derived from it.
 
-Entries carry only what packing and accounting need (size, env id, age); payloads stay
-in the journal. Counters are updated on every change so that status queries cost
-O(number of envs), never O(queue).
+Entries carry only what packing and accounting need (size, env id, age, policy
+version); payloads stay in the journal. Counters are updated on every change so that
+status queries cost O(number of envs), never O(queue).
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ class Entry:
     env_id: Optional[int]
     t: float
     expirations: int = 0
+    # The weights that sampled the group (`atroposlib.policy_version`); None: unknown.
+    policy_version: Optional[int] = None
 
 
 class SizeCounts:
@@ -84,6 +86,9 @@ class GroupQueue:
     def __init__(self) -> None:
         self._entries: OrderedDict[int, Entry] = OrderedDict()
         self.sizes = SizeCounts()
+        # Known policy versions of the queued groups, so that finding stale ones costs
+        # O(distinct versions) per batch instead of a pass over the queue.
+        self._versions: Counter[int] = Counter()
         self._next_pos = 1
         self._head_pos = 0
 
@@ -96,17 +101,26 @@ class GroupQueue:
     def oldest(self) -> Optional[Entry]:
         return next(iter(self._entries.values()), None)
 
+    def oldest_version(self) -> Optional[int]:
+        """The smallest known policy version among queued groups (None: none known)."""
+        return min(self._versions, default=None)
+
+    def _count_in(self, entry: Entry) -> None:
+        self.sizes.add(entry.size)
+        if entry.policy_version is not None:
+            self._versions[entry.policy_version] += 1
+
     def append(self, entry: Entry) -> int:
         """Add at the tail; returns the entry's durable position."""
         self._entries[entry.seq] = entry
-        self.sizes.add(entry.size)
+        self._count_in(entry)
         self._next_pos += 1
         return self._next_pos - 1
 
     def restore(self, entry: Entry, pos: int) -> None:
         """Re-add an entry read back from the journal (entries arrive in `pos` order)."""
         self._entries[entry.seq] = entry
-        self.sizes.add(entry.size)
+        self._count_in(entry)
         self._next_pos = max(self._next_pos, pos + 1)
         self._head_pos = min(self._head_pos, pos - 1)
 
@@ -117,13 +131,17 @@ class GroupQueue:
         for entry in reversed(entries):
             self._entries[entry.seq] = entry
             self._entries.move_to_end(entry.seq, last=False)
-            self.sizes.add(entry.size)
+            self._count_in(entry)
         return positions
 
     def take(self, seqs: Iterable[int]) -> list[Entry]:
         taken = [self._entries.pop(seq) for seq in seqs]
         for entry in taken:
             self.sizes.remove(entry.size)
+            if entry.policy_version is not None:
+                self._versions[entry.policy_version] -= 1
+                if not self._versions[entry.policy_version]:
+                    del self._versions[entry.policy_version]
         return taken
 
     def clear(self) -> None:

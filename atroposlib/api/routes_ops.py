@@ -46,7 +46,7 @@ async def health(request: Request) -> Response:
         "queue_groups": len(state.pending.sizes),
         "queue_sequences": state.pending.sizes.total,
         "buffered_sequences": state.buffered_sequences(),
-        "leased_batches": sum(l.state == "leased" for l in state.leases.values()),
+        "leased_batches": state.leased_batches(),
         "envs_connected": sum(e.connected for e in state.envs),
         "uptime_s": round(state.clock() - state.started_at, 1),
         "warnings": warnings,
@@ -87,7 +87,7 @@ async def metrics(request: Request) -> Response:
     state, m = rt.state, rt.metrics
     m.current_step.set(state.step)
     m.queue_groups.set(len(state.pending.sizes))
-    m.lease_outstanding.set(sum(l.state == "leased" for l in state.leases.values()))
+    m.lease_outstanding.set(state.leased_batches())
     m.unpackable.set(1 if rt.dispatch.unpackable_reason() else 0)
     m.dead_letter_groups.set(sum(state.dead_letters.values()))
     env_ids = {e.registered_id for e in state.envs} | set(state.pending.by_env)

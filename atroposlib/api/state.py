@@ -4,6 +4,11 @@
 journal transaction, committed before the request that caused it is answered, and
 handlers never await between reading and changing it, so concurrent requests see a
 serial order. Submissions live in `intake`, batch hand-out in `dispatch`.
+
+The *training step* is the step the next batch formed will be trained at: the current
+step plus the leased batches not yet settled, since a trainer that prefetches several
+leased batches trains them in order. The run's ``max_staleness`` bounds the staleness
+(`atroposlib.policy_version`) of the groups served at that step.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -84,6 +89,9 @@ class RunState:
         self.batch_counter = 0
         self.responses: OrderedDict[str, tuple[float, bytes]] = OrderedDict()
         self.dead_letters: dict[str, int] = {}
+        # Groups dropped unserved, by reason; read back from the journal on restart.
+        self.dropped: Counter[str] = Counter()
+        self.unknown_version_groups = 0
         self.queue_version = 0
 
     def _restore(self) -> None:
@@ -94,6 +102,7 @@ class RunState:
         self.step = int(meta.get("step", 0))
         self.latest_seq = meta.get("latest_seq")
         self.batch_counter = int(meta.get("batch_counter", 0))
+        self.unknown_version_groups = int(meta.get("unknown_version_groups", 0))
         self.next_seq = self.journal.max_seq() + 1
         now = self.clock()
         for raw in self.journal.load_envs():
@@ -101,6 +110,7 @@ class RunState:
             record.last_update = now  # restart grace: nobody could reach us while down
             self.envs.append(record)
         self.dead_letters = dict(self.journal.dead_letters())
+        self.dropped = Counter(dict(self.journal.dropped_counts()))
         for key, t, response in self.journal.load_responses():
             self.responses[key] = (t, response)
         self._restore_items()
@@ -108,8 +118,8 @@ class RunState:
 
     def _restore_items(self) -> None:
         interrupted: list[Entry] = []
-        for seq, pos, state, env_id, size, t, _batch, expirations in self.journal.live_items():
-            entry = Entry(seq, size, env_id, t, expirations)
+        for seq, pos, state, env_id, size, t, _batch, expirations, version in self.journal.live_items():
+            entry = Entry(seq, size, env_id, t, expirations, version)
             if state == "buffered":
                 self.buffers.setdefault(env_id, OrderedDict())[seq] = entry
             elif state == "queued":
@@ -154,6 +164,14 @@ class RunState:
     def batch_size(self) -> int:
         return self.config.batch_size if self.config else -1
 
+    @property
+    def max_staleness(self) -> Optional[int]:
+        return self.config.max_staleness if self.config else None
+
+    def training_step(self) -> int:
+        """The step the next batch formed will be trained at."""
+        return self.step + self.leased_batches()
+
     def bump_queue(self) -> None:
         self.queue_version += 1
 
@@ -171,13 +189,10 @@ class RunState:
                 self.save_meta()
             else:
                 outcome["registered"] = "restored" if self.restored else "existing"
-                mismatch = [
-                    name
-                    for name, value in incoming.model_dump().items()
-                    if getattr(self.config, name) != value
-                ]
-                if mismatch:
-                    outcome["config_mismatch"] = mismatch
+                differences = self.config.differences(incoming)
+                if differences:
+                    outcome["config_mismatch"] = list(differences)
+                    outcome["config_mismatch_values"] = differences
         requester = secrets.randbits(128)
         self.requesters.append(requester)
         return {"uuid": requester, "uuid_str": str(requester), **outcome}
@@ -348,13 +363,19 @@ class RunState:
     def leased_groups(self) -> int:
         return sum(len(l.seqs) for l in self.leases.values() if l.state == "leased")
 
+    def leased_batches(self) -> int:
+        return sum(l.state == "leased" for l in self.leases.values())
+
     def status(self) -> dict[str, Any]:
         return {
             "current_step": self.step,
             "queue_size": len(self.pending.sizes),
             "queue_sequences": self.pending.sizes.total,
             "buffered_sequences": self.buffered_sequences(),
-            "leased_batches": sum(l.state == "leased" for l in self.leases.values()),
+            "leased_batches": self.leased_batches(),
             "batches_served": self.batch_counter,
             "registered": self.registered,
+            "max_staleness": self.max_staleness,
+            "dropped_groups": dict(self.dropped),
+            "unknown_version_groups": self.unknown_version_groups,
         }

@@ -16,6 +16,7 @@ from typing import Any, Optional, TypeVar, Union
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from atroposlib.api.group_checks import Problem, quality_problems, structural_problems
+from atroposlib.policy_version import group_policy_version
 from atroposlib.wire import ScoredData
 
 Parsed = TypeVar("Parsed")
@@ -56,6 +57,7 @@ class Submission:
     submission_id: Optional[str]
     longest: int = 0
     problems: list[Problem] = field(default_factory=list)
+    policy_version: Optional[int] = None
 
     @property
     def warnings(self) -> list[str]:
@@ -153,7 +155,10 @@ def summarize(group: ScoredData, level: str, where: str = "body") -> Submission:
     """Check a parsed group and summarise it for storage (raises `BodyInvalid`)."""
     problems = check_group(group, level, where)
     longest = max((len(tokens) for tokens in group.tokens), default=0)
-    return Submission(len(group.tokens), group.env_id, group.submission_id, longest, problems)
+    version = group_policy_version(
+        {"tokens": group.tokens, "generation_params": group.generation_params, "overrides": group.overrides}
+    )
+    return Submission(len(group.tokens), group.env_id, group.submission_id, longest, problems, version)
 
 
 def inspect_group_body(body: bytes, gzipped: bool, level: str, max_decompressed: int) -> Submission:

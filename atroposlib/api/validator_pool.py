@@ -42,7 +42,8 @@ _GZIP_FLAG, _PLAIN_FLAG = b"\x01", b"\x00"
 def _encode_outcome(body: bytes, level: str, cap: int) -> bytes:
     try:
         s = inspect_group_body(body[1:], body[:1] == _GZIP_FLAG, level, cap)
-        return orjson.dumps({"ok": [s.size, s.env_id, s.submission_id, s.longest, [list(p) for p in s.problems]]})
+        problems = [list(p) for p in s.problems]
+        return orjson.dumps({"ok": [s.size, s.env_id, s.submission_id, s.longest, problems, s.policy_version]})
     except BodyInvalid as exc:
         return orjson.dumps({"invalid": exc.detail}, default=str)
     except InvalidGzip:
@@ -54,8 +55,8 @@ def _encode_outcome(body: bytes, level: str, cap: int) -> bytes:
 def _decode_outcome(reply: bytes) -> Submission:
     outcome = orjson.loads(reply)
     if "ok" in outcome:
-        size, env_id, submission_id, longest, problems = outcome["ok"]
-        return Submission(size, env_id, submission_id, longest, [Problem(*p) for p in problems])
+        size, env_id, submission_id, longest, problems, version = outcome["ok"]
+        return Submission(size, env_id, submission_id, longest, [Problem(*p) for p in problems], version)
     if "invalid" in outcome:
         raise BodyInvalid(outcome["invalid"])
     if "gzip" in outcome:

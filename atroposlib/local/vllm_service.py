@@ -9,6 +9,14 @@ in (bfloat16 only with bf16 instructions, else float32: see `atroposlib.local.cp
 The server program is stock vLLM's OpenAI server unless another entrypoint is given (the
 GRPO trainer launches its own, `example_trainer/vllm_api_server.py`, the same way); a port
 some other process already listens on is an error (`PortInUseError`), never taken over.
+
+For RL, the stock server is started with ``--logprobs-mode processed_logprobs`` (the
+log-probabilities of the distribution tokens are drawn from, after temperature, min-p,
+top-k and top-p, which a trainer's importance ratio needs: vLLM's default reports the raw
+model's), ``--generation-config vllm`` (a request that names no temperature gets 1.0, not
+the model's own default, so environments' records of the request are the truth) and the
+middleware `atropos_policy_version` (every answer says which weights it came from, and
+`reload_weights` updates it: `atroposlib.policy_version`).
 ``VLLM_SERVER_DEV_MODE=1`` is set so a trainer can swap in new weights (``/collective_rpc``
 ``reload_weights``). The server runs in a process group of its own, stopped as a whole on
 `stop`, on SIGINT, SIGTERM or SIGHUP to the wrapper, and (Linux) when the wrapper dies.
@@ -38,6 +46,10 @@ from atroposlib.local.signals import stop_signals_raise
 
 DEFAULT_SERVED_NAME = "smollm2"
 STOCK_ENTRYPOINT = ("-m", "vllm.entrypoints.openai.api_server")
+# the policy-version middleware, imported by the server from this folder (its own runtime has no atroposlib)
+MIDDLEWARE_DIR = Path(__file__).resolve().with_name("vllm_middleware")
+STOCK_RL_FLAGS = ("--logprobs-mode", "processed_logprobs", "--generation-config", "vllm",
+                  "--middleware", "atropos_policy_version.policy_version")
 
 
 class VLLMStartError(RuntimeError):
@@ -120,15 +132,24 @@ class LocalVLLM:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
 
+    @property
+    def stock(self) -> bool:
+        """Whether the server is stock vLLM's (not the trainer's bundled one, which has its own
+        log-probability default and policy versions)."""
+        return self.entrypoint == STOCK_ENTRYPOINT
+
     def command(self) -> list[str]:
         return [str(self.python), *self.entrypoint, "--model", str(self.model_dir),
                 "--served-model-name", self.served_name, "--host", "127.0.0.1", "--port", str(self.port),
                 "--dtype", self.dtype.dtype, "--max-model-len", str(self.max_model_len),
-                *(["--enforce-eager"] if self.enforce_eager else []), *self.extra_args]
+                *(["--enforce-eager"] if self.enforce_eager else []), *(STOCK_RL_FLAGS if self.stock else ()),
+                *self.extra_args]
 
     def environment(self) -> dict[str, str]:
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_SERVER_DEV_MODE": "1",
                "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", **self.environ}
+        if self.stock:
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(MIDDLEWARE_DIR), env.get("PYTHONPATH"))))
         if not self.gpu:
             cores = os.cpu_count() or 1
             # float32 halves the tokens a GiB of KV cache holds: 2 GiB keep the default job's
@@ -200,12 +221,13 @@ class LocalVLLM:
         self.process.wait()
         self._stopped = True
 
-    def reload_weights(self, weights_dir: Path, timeout: float = 300.0) -> float:
+    def reload_weights(self, weights_dir: Path, policy_version: Optional[int] = None, timeout: float = 300.0) -> float:
         """Swap the served weights for those in `weights_dir` (same architecture) without a
         restart, as a trainer does after each checkpoint; returns the seconds it took.
 
         Generation is paused, the weights are re-read, the prefix cache (built with the old
-        weights) is dropped and generation resumes, even if the reload failed.
+        weights) is dropped, the server's policy version becomes `policy_version` (default:
+        one more than before) and generation resumes, even if the reload failed.
         """
         started = time.monotonic()
         root = f"http://127.0.0.1:{self.port}"
@@ -215,6 +237,10 @@ class LocalVLLM:
                 client.post(f"{root}/collective_rpc", json={
                     "method": "reload_weights", "kwargs": {"weights_path": str(weights_dir)}}).raise_for_status()
                 client.post(f"{root}/reset_prefix_cache").raise_for_status()
+                if policy_version is None:
+                    policy_version = int(client.get(f"{root}/atropos/policy_version").json()["policy_version"]) + 1
+                client.post(f"{root}/atropos/policy_version",
+                            json={"policy_version": policy_version}).raise_for_status()
             finally:
                 client.post(f"{root}/resume").raise_for_status()
         return time.monotonic() - started
@@ -270,7 +296,12 @@ def build_parser() -> argparse.ArgumentParser:
     install.add_argument("--path", type=Path,
                          help="Runtime folder (default: $ATROPOS_VLLM_RUNTIME, else $ATROPOS_HOME/vllm-runtime).")
     serve_help = "Serve a model and print the --openai.* flags to use; stops on Ctrl-C, SIGTERM or SIGHUP."
-    serve = commands.add_parser("serve", help=serve_help, description=serve_help,
+    serve_description = (serve_help + " For RL, vLLM runs with --logprobs-mode processed_logprobs (each token's "
+                         "log-probability under the distribution it was sampled from, after temperature, min-p, "
+                         "top-k and top-p, as a trainer's importance ratio needs) and --generation-config vllm "
+                         "(unset sampling fields take vLLM's neutral defaults); every answer carries the "
+                         "X-Atropos-Policy-Version header.")
+    serve = commands.add_parser("serve", help=serve_help, description=serve_description,
                                 formatter_class=DefaultsHelpFormatter)
     serve.add_argument("--model", help="Model folder, GGUF file or hub name (default: the bundled SmolLM2).")
     serve.add_argument("--port", type=int, default=9001, help="Port on 127.0.0.1.")

@@ -26,6 +26,7 @@ def test_register_returns_big_integer_uuid_and_first_registration_wins(client: T
     assert isinstance(uuid, int) and first.json()["uuid_str"] == str(uuid)
     again = client.post("/register", json=registration(64)).json()
     assert again["registered"] == "existing" and again["config_mismatch"] == ["batch_size"]
+    assert again["config_mismatch_values"] == {"batch_size": {"stored": 32, "requested": 64}}
     assert client.get("/info").json() == {"batch_size": 32, "max_token_len": 2048}
     assert client.get("/wandb_info").json() == {"group": "group", "project": "project"}
 

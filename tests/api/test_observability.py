@@ -14,7 +14,8 @@ REQUIRED_SERIES = [
     "atropos_buffer_flushed_total", "atropos_env_connected", "atropos_submissions_total", "atropos_rejected_total",
     "atropos_batches_served_total", "atropos_lease_outstanding", "atropos_lease_expired_total",
     "atropos_batch_wait_seconds", "atropos_min_allocation_waived_total", "atropos_unpackable",
-    "atropos_request_bytes_total",
+    "atropos_request_bytes_total", "atropos_dropped_groups_total", "atropos_served_staleness_steps",
+    "atropos_served_unknown_version_total",
 ]
 
 

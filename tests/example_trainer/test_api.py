@@ -94,16 +94,17 @@ def score_of(batch: api.LeasedBatch) -> float:
     return batch.items[0]["scores"][0]
 
 
-def test_registration_payload_is_atroposs() -> None:
+def test_registration_payload_is_atroposs_plus_the_staleness_bound() -> None:
     payload = api.registration_payload(TrainingConfig(model_name="m"))
     assert payload == {"wandb_group": "", "wandb_project": "", "batch_size": 64, "max_token_len": 2048,
                        "starting_step": 0, "checkpoint_dir": "trained_model_checkpoints",
-                       "save_checkpoint_interval": 3, "num_steps": 10}
+                       "save_checkpoint_interval": 3, "num_steps": 10, "max_staleness": 6}
     config = TrainingConfig(model_name="m", checkpoint_interval=0, training_steps=7, wandb_project="p",
-                            wandb_group="g", save_path="out", seq_len=512)
-    assert api.registration_payload(config, starting_step=5) == {
+                            wandb_group="g", save_path="out", seq_len=512, max_staleness=-1)
+    assert api.registration_payload(config, starting_step=5) == {  # no bound: Atropos's eight fields exactly
         "wandb_group": "g", "wandb_project": "p", "batch_size": 64, "max_token_len": 512, "starting_step": 5,
         "checkpoint_dir": "out", "save_checkpoint_interval": 7, "num_steps": 7}
+    assert api.registration_payload(TrainingConfig(model_name="m", max_staleness=0))["max_staleness"] == 0
 
 
 def test_register_with_a_starting_step(server: ThreadedServer) -> None:

@@ -157,6 +157,17 @@ EVERY_FLAG = [
     (["--debug-loading"], "debug_loading", True),
     (["--benchmark"], "benchmark", True),
     (["--log-dir", "runlogs"], "log_dir", "runlogs"),
+    (["--loss-type", "dapo"], "loss_type", "dapo"),
+    (["--epsilon-high", "0.28"], "epsilon_high", 0.28),
+    (["--dual-clip", "3"], "dual_clip", 3.0),
+    (["--tis-cap", "2"], "tis_cap", 2.0),
+    (["--scale-rewards", "none"], "scale_rewards", "none"),
+    (["--kl-reference", "model"], "kl_reference", "model"),
+    (["--loss-norm-length", "512"], "loss_norm_length", 512),
+    (["--no-match-sampler-truncation"], "match_sampler_truncation", False),
+    (["--max-staleness", "2"], "max_staleness", 2),
+    (["--pad-to-multiple", "8"], "pad_to_multiple", 8),
+    (["--replace-run"], "replace_run", True),
 ]
 
 

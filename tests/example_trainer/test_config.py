@@ -24,7 +24,9 @@ ADDED_DEFAULTS = {
     "dtype": "auto", "resume_from": None, "use_env_advantages": False, "missing_logprobs": "on_policy",
     "vllm_stop_during_train": False, "kl_coef": 0.0, "max_prefetch_batches": 4, "vllm_python": None,
     "keep_last_n": None, "log_dir": "./logs", "lease_seconds": 1800.0, "inference_server_urls": None,
-    "slurm_inference_servers": False,
+    "slurm_inference_servers": False, "loss_type": "grpo", "epsilon_high": None, "dual_clip": None,
+    "tis_cap": None, "scale_rewards": "group", "kl_reference": "sampler", "loss_norm_length": None,
+    "match_sampler_truncation": True, "max_staleness": None, "pad_to_multiple": None, "replace_run": False,
 }
 
 
@@ -51,7 +53,8 @@ def test_model_name_is_required_and_unknown_fields_are_refused() -> None:
 @pytest.mark.parametrize("field,value", [
     ("lr", 0), ("batch_size", 0), ("max_prefetch_batches", 0), ("weight_bridge_mode", "ipc"),
     ("dtype", "int8"), ("missing_logprobs", "skip"), ("keep_last_n", 0), ("train_layer_indices", [-1]),
-    ("inference_server_urls", ["gpu02:9000"]),
+    ("inference_server_urls", ["gpu02:9000"]), ("loss_type", "ppo"), ("dual_clip", 1.0), ("tis_cap", 0),
+    ("scale_rewards", "std"), ("kl_reference", "ref"), ("max_staleness", -2), ("pad_to_multiple", 0),
 ])
 def test_invalid_values_are_refused(field: str, value: object) -> None:
     with pytest.raises(ValidationError, match=field):
@@ -117,3 +120,12 @@ def test_remote_inference_servers_need_reload_mode_and_keep_server_roots() -> No
     for mode in ("none", "lora_only", "lora_restart", "shared_vllm"):
         with pytest.raises(ValidationError, match=f"need --weight-bridge-mode reload .* mode {mode} works"):
             TrainingConfig(model_name="m", weight_bridge_mode=mode, slurm_inference_servers=True)
+
+
+def test_derived_settings_staleness_bound_and_padding() -> None:
+    assert TrainingConfig(model_name="m", vllm_restart_interval=5).registered_max_staleness == 10
+    assert TrainingConfig(model_name="m", max_staleness=0).registered_max_staleness == 0
+    assert TrainingConfig(model_name="m", max_staleness=-1).registered_max_staleness is None
+    assert TrainingConfig(model_name="m", device="cpu").pad_multiple == 1
+    assert TrainingConfig(model_name="m", device="cuda:0").pad_multiple == 64
+    assert TrainingConfig(model_name="m", device="cpu", pad_to_multiple=8).pad_multiple == 8

@@ -1,5 +1,6 @@
 """Batch preparation: Atropos's shapes and values, and the additions (missing logprobs, env
-advantages, sft rows)."""
+advantages, sft rows, sampling parameters, packing, reward scaling, the length limit and
+policy versions)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ import pytest
 import torch
 
 from example_trainer.data import (
+    Sampling,
     group_advantages,
     pad_data_to_good_offset,
     prepare_batch,
+    rollout_sampling,
     rollout_temperature,
     working_length,
 )
@@ -175,3 +178,63 @@ def test_as_tuple_is_the_reference_five_tuple() -> None:
     tokens, labels, advantages, temperatures, logprobs = prepared.as_tuple()
     assert len(tokens) == len(labels) == len(advantages) == len(temperatures) == 2 and logprobs is None
     assert np.isclose(float(advantages[0].sum() + advantages[1].sum()), 0.0, atol=1e-6)
+
+
+def test_sampling_parameters_come_from_the_rollout_the_group_or_neutral_values() -> None:
+    group = item([[1, 2], [3, 4]], overrides=[{"top_p": 0.5}, {}],
+                 generation_params={"temperature": 0.7, "top_p": 0.9, "top_k": 40, "min_p": 0.05})
+    assert rollout_sampling(group, 0) == Sampling(temperature=0.7, top_p=0.5, top_k=40, min_p=0.05)
+    assert rollout_sampling(group, 1) == Sampling(temperature=0.7, top_p=0.9, top_k=40, min_p=0.05)
+    assert rollout_sampling(item([[1, 2]]), 0) == Sampling() and not Sampling().truncates
+    assert rollout_sampling(item([[1, 2]], generation_params={"top_k": 0}), 0).top_k == -1  # vLLM's "off"
+    with pytest.raises(ValueError, match="unreadable sampling parameters"):
+        rollout_sampling(item([[1, 2]], generation_params={"temperature": "hot"}), 0)
+
+
+def test_micro_batches_carry_truncation_only_when_a_rollout_was_truncated() -> None:
+    plain = prepare_batch([item([[1, 2, 3]] * 2, generation_params={"temperature": 0.5})], 2).micro_batches[0]
+    assert plain.top_p is None and not plain.truncated
+    assert plain.temperatures.view(-1).tolist() == [0.5, 0.5]
+    cut = prepare_batch([item([[1, 2, 3]] * 2, overrides=[{"top_p": 0.8}, {}])], 2).micro_batches[0]
+    assert cut.truncated and cut.top_p is not None and cut.top_p.tolist() == pytest.approx([0.8, 1.0])
+
+
+@pytest.mark.parametrize("longest,multiple,width", [(5, 64, 65), (5, 1, 5), (5, 8, 9), (9, 8, 9), (1, 64, 1)])
+def test_working_length_rounds_the_label_width_up_to_the_multiple(longest: int, multiple: int, width: int) -> None:
+    assert working_length(longest, multiple) == width
+
+
+def test_packing_sorts_by_length_and_pads_each_micro_batch_to_its_own_longest() -> None:
+    rows = [[1] * n for n in (3, 9, 4, 8)]
+    prepared = prepare_batch([item(rows, scores=[0.0, 1.0, 0.0, 1.0])], 2, pack=True, pad_multiple=1)
+    assert [tuple(m.tokens.shape) for m in prepared.micro_batches] == [(2, 8), (2, 3)]
+    assert prepared.positions == 2 * 8 + 2 * 3
+    unpacked = prepare_batch([item(rows, scores=[0.0, 1.0, 0.0, 1.0])], 2)
+    assert [tuple(m.tokens.shape) for m in unpacked.micro_batches] == [(2, 64), (2, 64)]
+    assert prepared.num_tokens == unpacked.num_tokens
+
+
+def test_scale_rewards_group_batch_or_none() -> None:
+    groups = [item([[1, 2]] * 2, scores=[0.0, 2.0]), item([[1, 2]] * 2, scores=[0.0, 0.5])]
+    advantages = lambda mode: torch.cat([m.advantages.view(-1) for m in  # noqa: E731
+                                         prepare_batch(groups, 4, scale_rewards=mode).micro_batches]).tolist()
+    assert advantages("group") == pytest.approx([-1.0, 1.0, -1.0, 1.0])
+    batch_std = float(np.std([0.0, 2.0, 0.0, 0.5]))
+    assert advantages("batch") == pytest.approx([-1 / batch_std, 1 / batch_std, -0.25 / batch_std, 0.25 / batch_std])
+    assert advantages("none") == pytest.approx([-1.0, 1.0, -0.25, 0.25])
+
+
+def test_rollouts_longer_than_the_limit_are_left_out_and_counted() -> None:
+    prepared = prepare_batch([item([[1] * 5, [1] * 12, [1] * 6], scores=[0.0, 1.0, 2.0])], 8, max_length=10)
+    assert prepared.num_sequences == 2 and prepared.too_long == 1
+    assert prepared.micro_batches[0].advantages.view(-1).tolist() == pytest.approx(
+        group_advantages([0.0, 1.0, 2.0])[[0, 2]].tolist())  # scored with the whole group
+    with pytest.raises(ValueError, match="longer than 4 tokens"):
+        prepare_batch([item([[1] * 5])], 8, max_length=4)
+
+
+def test_each_group_reports_its_policy_version() -> None:
+    groups = [item([[1, 2]] * 2, generation_params={"policy_version": 3}),
+              item([[1, 2]] * 2, generation_params={"policy_version": 5}, overrides=[{"policy_version": 4}, {}]),
+              item([[1, 2]] * 2)]
+    assert prepare_batch(groups, 8).policy_versions == [3, 4, None]

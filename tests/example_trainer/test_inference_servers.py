@@ -171,8 +171,9 @@ def test_reload_posts_to_every_server_at_once_with_the_key(tmp_path: Path) -> No
                      StandIn(key=KEY, before_reload=both_asked.wait)) as (first, second):
         servers = InferenceServers((first.url, second.url), KEY)
         servers.check()
-        assert servers.reload(str(tmp_path / "step_3")) >= 0
+        assert servers.reload(str(tmp_path / "step_3"), policy_version=3) >= 0
     assert first.reloads() == second.reloads() == [str(tmp_path / "step_3")]
+    assert [body.get("policy_version") for _, path, _, body in first.requests if path == "/reload_weights"] == [3]
 
 
 def test_a_server_that_sees_no_checkpoint_folder_is_named_with_the_shared_file_system_hint(tmp_path: Path) -> None:
@@ -181,7 +182,7 @@ def test_a_server_that_sees_no_checkpoint_folder_is_named_with_the_shared_file_s
     failing = (500, {"detail": "reload failed: shape mismatch\nin layer 3"})
     with serving_all(StandIn(), StandIn(reload_answer=unseen), StandIn(reload_answer=failing)) as (fine, far, broken):
         with pytest.raises(InferenceServerError) as refused:
-            InferenceServers((fine.url, far.url, broken.url)).reload(folder)
+            InferenceServers((fine.url, far.url, broken.url)).reload(folder, policy_version=2)
     message = str(refused.value)
     assert message.startswith(f"2 of 3 inference servers did not take the weights in {folder}: ")
     assert f"{far.url}: sees no folder {folder}" in message
@@ -200,8 +201,8 @@ def test_a_resumed_run_gives_the_servers_its_checkpoint_first(tmp_path: Path) ->
     config = TrainingConfig(model_name="base", weight_bridge_mode="reload", inference_server_urls=["http://h:1"])
     with serving(StandIn()) as server:
         sync = RemoteReloadSync(config, InferenceServers((server.url,)))
-        assert sync.start("base") == 0.0
-        sync.start(str(tmp_path / "step_4"))
+        assert sync.start("base", 0) == 0.0
+        sync.start(str(tmp_path / "step_4"), 4)
     assert server.reloads() == [str(tmp_path / "step_4")]
 
 

@@ -33,17 +33,21 @@ class RecordingSync(WeightSync):
         super().__init__(config, None)
         self.saves_adapters = config.weight_bridge_mode in LORA_MODES
         self.events: list[tuple[str, str]] = []
+        self.versions: list[int] = []
 
-    def start(self, weights: str) -> float:
+    def start(self, weights: str, policy_version: int) -> float:
         self.events.append(("start", weights))
+        self.versions.append(policy_version)
         return 0.0
 
     def publish(self, checkpoint: str, step: int) -> float:
         self.events.append(("publish", Path(checkpoint).name))
+        self.versions.append(step)
         return 0.0
 
-    def finish(self, final: str) -> None:
+    def finish(self, final: str, step: int) -> None:
         self.events.append(("finish", Path(final).name))
+        self.versions.append(step)
 
 
 @pytest.fixture
@@ -84,6 +88,7 @@ def test_the_loop_acks_each_batch_after_its_step_and_syncs_on_schedule(
     checkpoints = tmp_path / "checkpoints"
     assert sorted(path.name for path in checkpoints.iterdir()) == ["final_model", "step_2", "step_3"]
     assert recorded[0].events == [("start", str(tiny_model)), ("publish", "step_2"), ("finish", "final_model")]
+    assert recorded[0].versions == [0, 2, 3]  # the policy version each served set of weights is reported as
     state = json.loads((checkpoints / "step_2" / "trainer_state.json").read_text())
     assert state["step"] == 2
     from safetensors.torch import load_file
@@ -118,7 +123,56 @@ def test_resume_continues_from_the_checkpoint_step(api: ApiProcess, tiny_model: 
         trainers.train(resumed)
         assert httpx.get(fresh.url + "/status").json()["current_step"] == 3
     assert recorded[-1].events == [("start", str(tmp_path / "checkpoints" / "step_2")), ("finish", "final_model")]
+    assert recorded[-1].versions == [2, 3]
     assert json.loads((tmp_path / "checkpoints" / "step_3" / "trainer_state.json").read_text())["step"] == 3
+
+
+def post_versioned_groups(api: ApiProcess, versions: list[int]) -> None:
+    for version in versions:
+        body = group(size=4, length=8, score=0.0, scores=[1.0, 0.0, 0.5, -1.0])
+        body["generation_params"] = {"temperature": 0.7, "policy_version": version}
+        httpx.post(api.url + "/scored_data", json=body).raise_for_status()
+
+
+def test_each_step_logs_the_staleness_of_its_batch_and_the_api_drops_what_is_too_old(
+        api: ApiProcess, tiny_model: Path, tmp_path: Path, recorded: list[RecordingSync],
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # batches of one group: step 0 trains a version-0 group; at step 1 the other version-0 group is one step
+    # stale, over the bound 0, and the API drops it and serves a version-1 group instead
+    post_versioned_groups(api, [0, 0, 1, 1])
+    config = config_for(api, tiny_model, tmp_path, gradient_accumulation_steps=2, batch_size=2,
+                        training_steps=2, max_staleness=0, max_prefetch_batches=1)
+    trainers.train(config)
+    out = capsys.readouterr().out
+    assert "staleness bound 0 steps" in out
+    assert "step 1 |" in out and "staleness 0.0 (max 0)" in out
+    status = httpx.get(api.url + "/status").json()
+    assert status["max_staleness"] == 0
+    assert status["dropped_groups"].get("stale", 0) >= 1  # version-0 groups could not train at step 1
+
+
+def test_staleness_metrics_count_unknown_groups() -> None:
+    from example_trainer.data import prepare_batch
+
+    batch = prepare_batch([group(size=2, length=4, scores=[1.0, 0.0]) | {"generation_params": {"policy_version": 1}},
+                           group(size=2, length=4, scores=[1.0, 0.0])], 8)
+    assert trainers.staleness_metrics(batch, step=4) == {"staleness/unknown_groups": 1, "staleness/mean": 3.0,
+                                                         "staleness/max": 3}
+
+
+def test_a_run_registered_with_another_batch_size_stops_the_trainer_unless_replaced(
+        api: ApiProcess, tiny_model: Path, tmp_path: Path, recorded: list[RecordingSync]) -> None:
+    first = config_for(api, tiny_model, tmp_path, gradient_accumulation_steps=4)
+    trainers.register(first, 0)
+    second = config_for(api, tiny_model, tmp_path, seq_len=32)
+    with pytest.raises(trainers.RegistrationMismatchError) as error:
+        trainers.register(second, 0)
+    message = str(error.value)
+    assert "batch_size 8 (this trainer: 4)" in message and "max_token_len 64 (this trainer: 32)" in message
+    assert "--replace-run" in message
+    trainers.register(second.model_copy(update={"replace_run": True}), 0)
+    assert httpx.get(api.url + "/info").json() == {"batch_size": 4, "max_token_len": 32}
+
 
 
 def test_a_checkpoint_already_at_the_last_step_is_an_error(api: ApiProcess, tiny_model: Path, tmp_path: Path,

@@ -1,11 +1,11 @@
-"""The GRPO loss (hand-computed cases, both signs of the advantage), missing logprobs, the
-optimizer and its fallbacks, the training step, metrics, and a tiny model that learns."""
+"""Atropos's GRPO loss through `compute_grpo_loss` (hand-computed cases, both signs of the
+advantage), missing logprobs, the training step, and a tiny model that learns. The loss
+variants are pinned in test_loss.py, the optimizer in test_optim.py, output in test_reporting.py."""
 
 from __future__ import annotations
 
 import logging
 import math
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Optional
@@ -17,17 +17,7 @@ from example_trainer import training
 from example_trainer.config import TrainingConfig
 from example_trainer.data import MicroBatch, prepare_batch
 from example_trainer.model import load_model_and_tokenizer
-from example_trainer.training import (
-    compute_grpo_loss,
-    console_line,
-    create_optimizer,
-    finalize_training,
-    learning_rate,
-    log_metrics,
-    run_training_step,
-    setup_wandb,
-    wandb_metrics,
-)
+from example_trainer.training import compute_grpo_loss, create_optimizer, run_training_step
 from tests.example_trainer.tiny_model import build_tiny_model
 
 LN2 = math.log(2.0)
@@ -154,29 +144,6 @@ def config(**overrides: Any) -> TrainingConfig:
     return TrainingConfig(**values)
 
 
-def test_optimizer_choices_and_fallbacks(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    from transformers.optimization import Adafactor
-
-    model = torch.nn.Linear(2, 2)
-    assert type(create_optimizer(model, config())) is torch.optim.AdamW
-    monkeypatch.setitem(sys.modules, "bitsandbytes", None)  # import fails as when not installed
-    with caplog.at_level(logging.WARNING, logger="example_trainer"):
-        assert type(create_optimizer(model, config(optimizer="adamw_8bit"))) is torch.optim.AdamW
-    assert "bitsandbytes" in caplog.text
-    assert isinstance(create_optimizer(model, config(optimizer="adafactor")), Adafactor)
-    assert isinstance(create_optimizer(model, config(optimizer="adafactor", adafactor_relative_step=True)), Adafactor)
-    for param in model.parameters():
-        param.requires_grad_(False)
-    with pytest.raises(RuntimeError, match="no trainable parameters"):
-        create_optimizer(model, config())
-
-
-def test_warmup_is_linear_then_constant() -> None:
-    cfg = config(lr=1e-3, warmup_steps=4)
-    assert [learning_rate(cfg, step) for step in range(6)] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3, 1e-3])
-    assert learning_rate(config(lr=1e-3), 0) == 1e-3
-
-
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny_model"), tokenizer_dir)
@@ -245,47 +212,81 @@ def test_tiny_model_learns_from_advantages(tiny_model_dir: Path) -> None:
     assert metrics["clipped_fraction"] > 0  # the policy has moved past 1 +- eps from the sampler
 
 
-# --- metrics and W&B -----------------------------------------------------------------------
-
-STEP = {"loss": 0.0123, "lr": 1e-5, "grad_norm": 0.5, "pos_logp": -1.2, "neg_logp": -2.3, "pos_count": 4,
-        "neg_count": 4, "mean_ratio": 1.01, "clipped_fraction": 0.05, "step_time": 12.5, "sync_time": 3.0,
-        "alignment/diff_mean": 0.01}
 
 
-def test_metrics_use_atropos_names() -> None:
-    logged = wandb_metrics(STEP, {"train/data_fetch_time": 0.1})
-    assert {"train/loss", "train/grad_norm", "train/lr", "train/pos_logp", "train/neg_logp", "grpo/mean_ratio",
-            "grpo/clipped_fraction", "train/step_time", "train/sync_time", "alignment/diff_mean",
-            "train/data_fetch_time"} <= set(logged)
-    assert logged["grpo/clipped_fraction"] == 0.05
+# --- the whole step: accumulation, dropout, the reference model, metrics ---------------------
+
+def varied_groups(tokenizer: Any) -> list[dict]:
+    """Two groups of four rollouts of different lengths and scores, with sampler logprobs a
+    little off the model's so that ratios, clipping and KL are all non-trivial."""
+    groups = []
+    for g, prompt_text in enumerate(("What is 2 + 2?", "Name a colour.")):
+        prompt = tokenizer(prompt_text)["input_ids"]
+        rows = [prompt + tokenizer(" " + " ".join(["word"] * (k + 1) * (g + 1)))["input_ids"] for k in range(4)]
+        masks = [[-100] * len(prompt) + row[len(prompt):] for row in rows]
+        logprobs = [[1.0] * len(prompt) + [-2.0 - 0.1 * j for j in range(len(row) - len(prompt))] for row in rows]
+        groups.append({"tokens": rows, "masks": masks, "scores": [1.0, 0.0, 0.5, -1.0][: len(rows)],
+                       "inference_logprobs": logprobs, "overrides": None, "generation_params": {"temperature": 0.8},
+                       "group_overrides": None})
+    return groups
 
 
-def test_console_line_is_one_readable_line(capsys: pytest.CaptureFixture) -> None:
-    log_metrics(STEP, 3, use_wandb=False, benchmark=True)
-    out = capsys.readouterr().out
-    assert out.count("\n") == 1
-    for part in ("step 3", "loss 0.0123", "grad norm 0.500", "ratio 1.010", "clipped 5.0%", "advantages +4/-4",
-                 "sync 3.00s"):
-        assert part in out
-    assert "sync" not in console_line(STEP, 3, benchmark=False)
+def update_of_one_step(model_dir: Path, batch_size: int, accumulation: int, **options: Any) -> list[torch.Tensor]:
+    """The parameter change of one step with plain SGD at learning rate 1: the (clipped) gradient
+    itself, which Adam's per-parameter normalisation would blow up where it is nearly 0."""
+    cfg = config(model_name=str(model_dir), batch_size=batch_size, gradient_accumulation_steps=accumulation,
+                 lr=1.0, **options)
+    model, tokenizer = load_model_and_tokenizer(cfg)
+    before = [p.detach().clone() for p in model.parameters()]
+    batch = prepare_batch(varied_groups(tokenizer), cfg.batch_size, pack=True, pad_multiple=cfg.pad_multiple)
+    run_training_step(model, torch.optim.SGD(model.parameters(), lr=1.0), batch, cfg, step_idx=0)
+    return [after.detach() - start for after, start in zip(model.parameters(), before)]
 
 
-def test_wandb_needs_a_project_and_runs_disabled(monkeypatch: pytest.MonkeyPatch,
-                                                 capsys: pytest.CaptureFixture) -> None:
-    monkeypatch.setenv("WANDB_MODE", "disabled")
-    assert setup_wandb(config()) is False
-    assert setup_wandb(config(use_wandb=True)) is False
-    assert "--wandb-project" in capsys.readouterr().out
-    cfg = config(use_wandb=True, wandb_project="p")
-    assert setup_wandb(cfg) is True and cfg.wandb_group and len(cfg.wandb_group) == 8
-    log_metrics(STEP, 1, use_wandb=True)
-    finalize_training(True, training_start_time=0.0, mode="none", total_steps=1)
-    assert not training._wandb.active
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo", "gspo"])
+def test_gradient_accumulation_over_micro_batches_gives_the_update_of_one_batch(tiny_model_dir: Path,
+                                                                                 loss_type: str) -> None:
+    options = dict(loss_type=loss_type, kl_coef=0.05, epsilon_high=0.3)
+    whole = update_of_one_step(tiny_model_dir, 8, 1, **options)
+    accumulated = update_of_one_step(tiny_model_dir, 2, 4, **options)
+    assert any(float(delta.abs().max()) > 1e-3 for delta in whole)
+    for a, b in zip(whole, accumulated):
+        assert torch.allclose(a, b, atol=1e-6, rtol=1e-4)
 
 
-def test_finalize_prints_a_summary_and_benchmark_table(capsys: pytest.CaptureFixture) -> None:
-    finalize_training(False, training_start_time=None, mode="reload", total_steps=2,
-                      benchmark_stats={"step_times": [1.0, 3.0], "sync_times": [0.5]}, benchmark=True)
-    out = capsys.readouterr().out
-    assert "2 steps" in out and "reload" in out
-    assert "avg step time" in out and "2.00s" in out and "avg sync time (x1)" in out
+def test_dropout_is_off_in_the_rl_forward(tiny_model_dir: Path) -> None:
+    cfg = config(model_name=str(tiny_model_dir), weight_bridge_mode="lora_restart", lora_dropout=0.5)
+    model, tokenizer = load_model_and_tokenizer(cfg)
+    assert model.training  # gradient checkpointing needs train mode
+    batch = prepare_batch(varied_groups(tokenizer), 8).micro_batches[0]
+    first, second = training.token_logprobs(model, batch), training.token_logprobs(model, batch)
+    assert torch.equal(first, second)
+
+
+def test_kl_against_a_frozen_reference_model(tiny_model_dir: Path) -> None:
+    from example_trainer.model import reference_logprobs
+
+    cfg = config(model_name=str(tiny_model_dir), kl_coef=0.1, kl_reference="model", lr=5e-2)
+    model, tokenizer = load_model_and_tokenizer(cfg)
+    reference = reference_logprobs(model, cfg)
+    assert reference is not None
+    optimizer = create_optimizer(model, cfg)
+    batch = prepare_batch(varied_groups(tokenizer), 8)
+    first = run_training_step(model, optimizer, batch, cfg, 0, reference)
+    assert first["grpo/kl_reference"] == pytest.approx(0.0, abs=1e-6)  # the same weights at step 0
+    second = run_training_step(model, optimizer, batch, cfg, 1, reference)
+    assert second["grpo/kl_reference"] > 0  # the policy moved, the reference did not
+    assert reference_logprobs(model, config(model_name=str(tiny_model_dir), kl_coef=0.1)) is None  # sampler KL
+
+
+def test_step_metrics_report_entropy_kl_clip_binding_and_positions(tiny_model_dir: Path) -> None:
+    cfg = config(model_name=str(tiny_model_dir), batch_size=4, tis_cap=2.0)
+    model, tokenizer = load_model_and_tokenizer(cfg)
+    optimizer = create_optimizer(model, cfg)
+    batch = prepare_batch(varied_groups(tokenizer), cfg.batch_size, pack=True, pad_multiple=1)
+    metrics = run_training_step(model, optimizer, batch, cfg, 0)
+    assert metrics["grpo/entropy"] > 0 and metrics["grpo/kl"] > 0
+    assert 0 <= metrics["grpo/clip_binding_fraction"] <= metrics["clipped_fraction"] <= 1
+    assert 0 < metrics["grpo/tis_weight_mean"] <= 2.0 and 0 <= metrics["grpo/tis_capped_fraction"] <= 1
+    assert metrics["train/positions"] == batch.positions
+    assert metrics["num_sequences"] == 8

@@ -1,0 +1,103 @@
+"""Token log-probabilities under the distribution the sampler actually drew each token from.
+
+vLLM samples from the model's logits divided by the temperature and then truncated: min-p
+drops tokens less likely than ``min_p`` times the most likely one, top-k keeps the ``k``
+largest logits (ties included), top-p keeps the smallest set of most likely tokens whose
+probability reaches ``p``; the kept tokens are renormalised. Run with
+``--logprobs-mode processed_logprobs`` (both of this project's vLLM servers are), vLLM
+reports each sampled token's log-probability under that final distribution.
+
+`sampled_token_logprobs` computes the same quantity from the trainer's logits, in the same
+order (temperature, min-p, top-k, top-p), so that at the weights that sampled a rollout the
+trainer's log-probabilities equal the sampler's and the importance ratio is exactly 1.
+With ``match_truncation=False`` only the temperature is applied (TRL's and verl's choice):
+the trainer then scores tokens under the full distribution, whose probability of a sampled
+token is lower by the mass truncation removed, and the ratio starts below 1 by that much
+(``--tis-cap`` bounds the resulting correction).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+
+from example_trainer.data import LABEL_PAD, MicroBatch
+
+# Rows of positions whose full-vocabulary sort is done at once: bounds the extra memory of
+# truncation (a sort and its indices) to a few of these slices.
+TRUNCATION_CHUNK = 2048
+
+# A frozen policy's log-probabilities of a micro-batch's labels (``[B, P]``, 0 where masked).
+ReferenceLogprobs = Callable[[MicroBatch], torch.Tensor]
+
+
+def _truncate_rows(logits: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor,
+                   min_p: torch.Tensor) -> torch.Tensor:
+    """``[N, V]`` logits with the tokens vLLM's sampler would never draw set to -inf; `top_p`,
+    `top_k`, `min_p` are ``[N]`` (1.0, <= 0 and 0.0 switch each off)."""
+    if bool((min_p > 0).any()):
+        probs = logits.softmax(-1)
+        threshold = min_p.unsqueeze(-1) * probs.max(-1, keepdim=True).values
+        logits = logits.masked_fill(probs < threshold, float("-inf"))
+    ordered, order = logits.sort(dim=-1)  # ascending, as vLLM's top-k/top-p sampler
+    vocab = ordered.size(-1)
+    if bool((top_k > 0).any()):
+        k = torch.where(top_k > 0, top_k.clamp(max=vocab), torch.full_like(top_k, vocab))
+        kth_largest = ordered.gather(-1, (vocab - k).unsqueeze(-1))
+        ordered = ordered.masked_fill(ordered < kth_largest, float("-inf"))
+    if bool((top_p < 1).any()):
+        cumulative = ordered.softmax(-1).cumsum(-1)
+        dropped = cumulative <= (1 - top_p).unsqueeze(-1)
+        dropped[:, -1] = False  # the most likely token always stays
+        ordered = ordered.masked_fill(dropped, float("-inf"))
+    return ordered.scatter(-1, order, ordered)
+
+
+def truncate(logits: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """``[N, V]`` temperature-scaled logits truncated as their rollouts were sampled (``[N]``
+    parameters, one row per position); kept logits are unchanged, so gradients flow through them."""
+    chunks = [_truncate_rows(logits[start:start + TRUNCATION_CHUNK], top_p[start:start + TRUNCATION_CHUNK],
+                             top_k[start:start + TRUNCATION_CHUNK], min_p[start:start + TRUNCATION_CHUNK])
+              for start in range(0, logits.size(0), TRUNCATION_CHUNK)]
+    return torch.cat(chunks) if chunks else logits
+
+
+def trained_position_logits(logits: torch.Tensor, micro: MicroBatch, match_truncation: bool = True) -> torch.Tensor:
+    """``[N, V]`` logits of the sampling distribution at the N trained positions of `micro`
+    (``labels != -100``, row-major): float32, divided by the rollout's temperature (values
+    <= 0 mean 1) and, with `match_truncation`, truncated as the rollout was sampled. Only
+    these positions are computed: prompts and padding cost nothing here."""
+    trained = micro.labels != LABEL_PAD
+    rollout = trained.nonzero()[:, 0]
+    rows = logits[trained].float()
+    temperatures = micro.temperatures.view(-1).to(rows.device, rows.dtype)[rollout]
+    rows = rows / torch.where(temperatures <= 0, torch.ones_like(temperatures), temperatures).unsqueeze(-1)
+    if match_truncation and micro.truncated:
+        assert micro.top_p is not None and micro.top_k is not None and micro.min_p is not None
+        rows = truncate(rows, micro.top_p.to(rows.device)[rollout], micro.top_k.to(rows.device)[rollout],
+                        micro.min_p.to(rows.device)[rollout])
+    return rows
+
+
+@torch.no_grad()
+def entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy (nats) of ``softmax(logits)`` over the last dimension; -inf logits count as
+    probability 0."""
+    logp = logits.log_softmax(-1)
+    return -torch.where(torch.isfinite(logp), logp.exp() * logp, torch.zeros_like(logp)).sum(-1)
+
+
+def sampled_token_logprobs(model: torch.nn.Module, micro: MicroBatch, match_truncation: bool = True,
+                           with_entropy: bool = False) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """The model's log-probabilities of `micro`'s labels under each rollout's sampling
+    distribution (``[B, P]``, 0 where masked), and that distribution's entropy (``[B, P]``,
+    0 where masked) when asked."""
+    trained = micro.labels != LABEL_PAD
+    rows = trained_position_logits(model(micro.tokens).logits, micro, match_truncation)
+    picked = rows.log_softmax(-1).gather(-1, micro.labels[trained].unsqueeze(-1)).squeeze(-1)
+    logp = torch.zeros(trained.shape, dtype=rows.dtype, device=rows.device).masked_scatter(trained, picked)
+    if not with_entropy:
+        return logp, None
+    spread = torch.zeros(trained.shape, dtype=rows.dtype, device=rows.device).masked_scatter(trained, entropy(rows))
+    return logp, spread
