@@ -1,8 +1,9 @@
 """`BaseEnv`: the class every environment subclasses.
 
 An environment turns *items* (``get_next_item``) into scored *groups* of rollouts
-(``collect_trajectories``), which are checked (``handle_send_to_api``) and either sent
-to the trajectory API (``serve``) or written to JSONL (``process``). The modes
+(``collect_trajectories``), which are checked, stamped with how their rollouts were sampled
+(``handle_send_to_api``, `atroposlib.envs.sampling_stamp`) and either sent to the
+trajectory API (``serve``) or written to JSONL (``process``). The modes
 themselves live in `atroposlib.envs.serve_mode`, `process_mode` and `runner`; this
 module holds the hooks and the per-group bookkeeping environments rely on.
 """
@@ -24,9 +25,11 @@ from typing import Any, Callable, Iterator, Optional, Union
 from atroposlib.envs import accept
 from atroposlib.envs.config import BaseEnvConfig
 from atroposlib.envs.eval import evaluate_log as write_eval_results
+from atroposlib.envs.sampling_stamp import stamp_group
 from atroposlib.envs.server_handling.api_server import APIServer
 from atroposlib.envs.server_handling.configs import APIServerConfig, ServerBaseline, ServerManagerConfig
 from atroposlib.envs.server_handling.reasoning import ReasoningConfig
+from atroposlib.envs.server_handling.sampling_record import current_record
 from atroposlib.envs.server_handling.server_manager import ServerManager
 from atroposlib.envs.tokenizer_loading import load_tokenizer
 from atroposlib.envs.types import EvalHandlingEnum, ScoredDataGroup, ScoredDataItem
@@ -201,9 +204,11 @@ class BaseEnv(ABC):
         do_send_to_api: bool = True,
         abort_on_any_max_length_exceeded: bool = True,
     ) -> list[ScoredDataGroup]:
-        """Check groups, record them (W&B table, JSONL) and send the kept ones to the API.
-        Returns the kept groups."""
+        """Check groups, stamp them with how they were sampled (from the sampling record the
+        mode opened for `item`), record them (W&B table, JSONL) and send the kept ones to
+        the API. Returns the kept groups."""
         single = isinstance(scored_data, dict)
+        record = current_record()
         candidates = [scored_data] if single else list(scored_data or [])
         if self.max_token_len <= 0 and abort_on_any_max_length_exceeded and do_send_to_api:
             log.warning("the trainer's max token length is unknown: groups are not length-checked")
@@ -223,6 +228,8 @@ class BaseEnv(ABC):
                     log.warning("%s; later drops are counted, not logged", accept.explain_drop(reason))
                 self.skipped[reason] += 1
                 continue
+            if record is not None:
+                stamp_group(group, record)
             accept.complete_group(group, self.tokenizer, self.config.include_messages)
             logged = self.add_rollouts_for_wandb(group, item)
             if inspect.isawaitable(logged):  # Atropos's hook is async; plain overrides work too

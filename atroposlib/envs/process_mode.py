@@ -4,7 +4,9 @@ Up to ``process_concurrency`` groups are generated at once. ``total_steps`` coun
 *written*; groups dropped by the checks count as failures, and the run stops with an
 error after ``process_max_consecutive_failures`` failures in a row. The progress bar counts
 groups written (with rate and ETA) and shows rollouts as they finish: one by one for
-environments built on ``collect_trajectory``, a group at a time otherwise.
+environments built on ``collect_trajectory``, a group at a time otherwise. Each group is
+generated inside a sampling record of its own, so the groups written say how they were
+sampled.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from atroposlib.envs.accept import DROP_EXPLANATIONS
+from atroposlib.envs.server_handling.sampling_record import recording
 from atroposlib.envs.server_handling.server_manager import ManagedServerUnsupported
 from atroposlib.envs.wandb_logging import run_name
 from atroposlib.frontend.jsonl2html import generate_html
@@ -68,15 +71,17 @@ def _counts_rollouts_itself(env: Any) -> bool:
 async def _one_group(env: Any, item: Any) -> int:
     """Generate, check and write the group of `item`; how many groups were written."""
     try:
-        result, _ = await env.collect_trajectories(item)
-        if not _counts_rollouts_itself(env):
-            env.note_rollouts_finished(_rollout_count(result))
-        if not result:
-            env.skipped["no_group"] += 1
-            return 0
-        result = await env.postprocess_histories(result)
-        kept = await env.handle_send_to_api(result, item, do_send_to_api=False, abort_on_any_max_length_exceeded=False)
-        return len(kept)
+        with recording():
+            result, _ = await env.collect_trajectories(item)
+            if not _counts_rollouts_itself(env):
+                env.note_rollouts_finished(_rollout_count(result))
+            if not result:
+                env.skipped["no_group"] += 1
+                return 0
+            result = await env.postprocess_histories(result)
+            kept = await env.handle_send_to_api(result, item, do_send_to_api=False,
+                                                abort_on_any_max_length_exceeded=False)
+            return len(kept)
     except ManagedServerUnsupported:
         raise  # a configuration error: every group would fail the same way
     except Exception:

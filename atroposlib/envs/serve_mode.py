@@ -8,6 +8,8 @@ start when the trainer's step crosses their interval, and the loop ends once the
 last step is covered. Shutdown waits for rollouts in flight, drains the spool and tells
 the API the env is leaving. Ctrl-C or SIGTERM stops it in any phase (see `StopRequest`);
 a progress line is logged every ``progress_log_interval`` seconds and a summary at the end.
+Each item is collected and sent inside a sampling record of its own, so its groups say how
+they were sampled; an evaluation that fails is logged with its traceback and serving goes on.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import platformdirs
 
 from atroposlib.envs.api_client import Rejected, TrajectoryApiClient
 from atroposlib.envs.serve_report import ServeReport, duration
+from atroposlib.envs.server_handling.sampling_record import recording
 from atroposlib.envs.server_handling.server_manager import ManagedServerUnsupported
 from atroposlib.envs.stopping import StopRequest
 from atroposlib.envs.types import EvalHandlingEnum
@@ -137,6 +140,7 @@ async def step_checks(env: Any, status: dict[str, Any]) -> None:
             log.warning("the previous evaluation is still running; skipping this one")
         else:
             env.eval_runner = asyncio.create_task(env.run_evaluation())
+            env.eval_runner.add_done_callback(_log_evaluation_failure)
             if config.eval_handling == EvalHandlingEnum.STOP_TRAIN:
                 _cancel_all(env)
     if _crossed(env.curr_step, current, env.checkpoint_interval):
@@ -145,6 +149,13 @@ async def step_checks(env: Any, status: dict[str, Any]) -> None:
     if env.items_sent_this_step >= config.min_items_sent_before_logging:
         env.items_sent_this_step = 0
         await env.wandb_log({})
+
+
+def _log_evaluation_failure(task: asyncio.Task[Any]) -> None:
+    # nothing awaits the evaluation task: without this its exception would surface, if
+    # ever, as "Task exception was never retrieved" when the task is collected
+    if not task.cancelled() and task.exception() is not None:
+        log.error("evaluate() failed; serving goes on", exc_info=task.exception())
 
 
 def queue_is_full(env: Any, status: dict[str, Any]) -> bool:
@@ -184,7 +195,13 @@ def worker_cap(env: Any, status: dict[str, Any]) -> int:
 
 
 async def run_item(env: Any, key: str, item: Any) -> None:
-    """One rollout: collect, post-process, send; timing and backlog bookkeeping."""
+    """One rollout: collect, post-process, send; timing and backlog bookkeeping. The
+    item's sampling record is open throughout, for `handle_send_to_api` to stamp from."""
+    with recording():
+        await _collect_and_send(env, key, item)
+
+
+async def _collect_and_send(env: Any, key: str, item: Any) -> None:
     started = time.monotonic()
     result = None
     try:

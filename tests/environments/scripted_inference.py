@@ -6,7 +6,9 @@ choice number within the request, so one group can hold right and wrong answers.
 server speaks ``/v1/chat/completions``, ``/v1/completions`` and vLLM's ``/generate`` (the
 answer encoded with the tokenizer given, logprob -0.1 per token), so environments that use
 ``managed_server()`` with ``server_type vllm`` run against it too. It runs in a thread of
-the test process on a free loopback port.
+the test process on a free loopback port. Set `policy_version` to have every answer say
+which weights sampled it (header ``X-Atropos-Policy-Version``, as the trainer's vLLM server
+does), and `generate_body_version` to put ``"policy_version"`` in ``/generate`` answers.
 
     with ScriptedInference(lambda prompt, i: "\\\\boxed{4}" if i % 2 == 0 else "5", tokenizer) as server:
         ... --openai.base_url {server.url}/v1 ...
@@ -17,10 +19,12 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from typing import Any, Callable, Optional
+from typing import Any, Awaitable, Callable, Optional
 
 import uvicorn
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Response
+
+from atroposlib.policy_version import POLICY_VERSION_HEADER
 
 from tests.helpers import free_port
 
@@ -45,6 +49,8 @@ class ScriptedInference:
         self.tokenizer = tokenizer
         self.finish_reason = finish_reason
         self.requests: list[dict[str, Any]] = []
+        self.policy_version: Optional[int] = None
+        self.generate_body_version: Optional[int] = None
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = uvicorn.Config(self._app(), host="127.0.0.1", port=self.port, log_level="warning", access_log=False)
@@ -56,6 +62,13 @@ class ScriptedInference:
 
     def _app(self) -> FastAPI:
         app = FastAPI()
+
+        @app.middleware("http")
+        async def version_header(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+            response = await call_next(request)
+            if self.policy_version is not None:
+                response.headers[POLICY_VERSION_HEADER] = str(self.policy_version)
+            return response
 
         @app.get("/health")
         async def health() -> dict[str, str]:
@@ -92,11 +105,14 @@ class ScriptedInference:
             prompt_ids = body["prompt"]["prompt_token_ids"]
             texts = self._choices(self.tokenizer.decode(prompt_ids), int(body.get("n") or 1))
             token_ids = [list(self.tokenizer.encode(text, add_special_tokens=False)) or [0] for text in texts]
-            return {
+            answer = {
                 "prompt_token_ids": prompt_ids, "token_ids": token_ids,
                 "logprobs": [[[{str(t): -0.1}] for t in ids] for ids in token_ids],
                 "finish_reasons": [self.finish_reason] * len(texts),
             }
+            if self.generate_body_version is not None:
+                answer["policy_version"] = self.generate_body_version
+            return answer
 
         return app
 

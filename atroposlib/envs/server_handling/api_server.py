@@ -4,6 +4,8 @@ Each call overrides the request's model with the configured one, takes a slot of
 training or evaluation semaphore (``split="train"`` or anything else), waits while the
 server is unhealthy (at most ``timeout`` seconds), retries failures three times with
 randomised exponential back-off, and records its duration for the server metrics.
+Completion calls also add their sampling parameters and the policy version the answer
+reported to the open sampling record (`sampling_record`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,12 @@ from tenacity import AsyncRetrying, stop_after_attempt, wait_random_exponential
 
 from atroposlib.envs.server_handling.configs import APIServerConfig
 from atroposlib.envs.server_handling.reasoning import ReasoningConfig
+from atroposlib.envs.server_handling.sampling_record import (
+    oldest,
+    record_completion,
+    reported_versions,
+    sampling_params,
+)
 from atroposlib.envs.server_handling.semaphore import AsyncSemWithAdaptiveWeight
 
 log = logging.getLogger("atroposlib.inference")
@@ -71,7 +79,7 @@ class APIServer(ABC):
 
     async def get_logprobs(self, **kwargs: Any) -> Any:
         kwargs.pop("skip_reasoning", None)
-        return await self._call(self._get_logprobs_wrapper, kwargs)
+        return await self._call(self._get_logprobs_wrapper, kwargs, sampled=False)
 
     def update_weight(self, weight: float) -> None:
         self.sem.update_weight(weight)
@@ -105,11 +113,15 @@ class APIServer(ABC):
         return {"Authorization": f"Bearer {self.config.api_key}"} if self.config.api_key else {}
 
     # -- protocol ------------------------------------------------------------------------------
-    async def _call(self, wrapper: Callable[..., Awaitable[Any]], kwargs: dict[str, Any]) -> Any:
+    async def _call(self, wrapper: Callable[..., Awaitable[Any]], kwargs: dict[str, Any], sampled: bool = True) -> Any:
+        """`wrapper(**kwargs)` under the protocol; a `sampled` call (a completion, not prompt
+        scoring) is added to the open sampling record."""
         self._ensure_health_task()
         kwargs["model"] = self.config.model_name
         training = kwargs.pop("split", "train") == "train"
         sem = self.sem if training else self.eval_sem
+        params = sampling_params(kwargs)
+        versions: list[Optional[int]] = []
         started = time.monotonic()
         attempts = 0
         async for attempt in AsyncRetrying(
@@ -119,9 +131,13 @@ class APIServer(ABC):
                 attempts += 1
                 await self._wait_until_healthy()
                 async with sem:
-                    result = await wrapper(**kwargs)
+                    # a fresh list per attempt: only the answers of the attempt that succeeded count
+                    with reported_versions() as versions:
+                        result = await wrapper(**kwargs)
         (self.request_timings if training else self.eval_request_timings).append(time.monotonic() - started)
         (self.attempts_list if training else self.eval_attempts_list).append(attempts)
+        if sampled:
+            record_completion(params, oldest(versions))
         return result
 
     async def _wait_until_healthy(self) -> None:

@@ -6,6 +6,13 @@ sampler's logprobs (``1.0`` on prompt positions). A multi-turn conversation exte
 earlier node: the new prompt's ids start with that node's tokens, so earlier completions
 stay trainable and only the new user/tool text is masked. Environments copy ``tokens``,
 ``masked_tokens`` and ``logprobs`` into ``tokens``, ``masks`` and ``inference_logprobs``.
+
+A node also says how it was sampled, in ``metadata["generation_params"]`` (the sampling
+parameters the request set) and ``metadata["policy_version"]`` (the version the server
+reported), each only when known, and is added to the open sampling record with its token
+ids, so the group of a rollout built from it is stamped with them. A node extended over
+several turns has the parameters of its last turn and the oldest version of its turns
+(unknown when one turn's is).
 """
 
 from __future__ import annotations
@@ -21,13 +28,22 @@ from openai.types.chat import ChatCompletion, ChatCompletionMessage
 from openai.types.chat.chat_completion import Choice
 from pydantic import BaseModel
 
+from atroposlib.envs.server_handling.sampling_record import (
+    SampledCompletion,
+    oldest,
+    record_completion,
+    recording,
+    sampling_params,
+)
 from atroposlib.envs.server_handling.tool_call_translator import ToolCallTranslator
+from atroposlib.policy_version import POLICY_VERSION_KEY
 from atroposlib.utils.tokenize_for_trainer import token_ids
 
 log = logging.getLogger("atroposlib.inference")
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 THINK_OPEN_MARK, THINK_CLOSE_MARK = "__MNGD_THINK__", "__MNGD_ENDTHINK__"
+GENERATION_PARAMS = "generation_params"
 
 
 def _has_chat_template(tokenizer: Any) -> bool:
@@ -36,6 +52,16 @@ def _has_chat_template(tokenizer: Any) -> bool:
     if not hasattr(tokenizer, "apply_chat_template"):
         return False
     return getattr(tokenizer, "chat_template", "own") is not None
+
+
+def sampling_metadata(sampled: SampledCompletion) -> dict[str, Any]:
+    """A node's ``generation_params`` and ``policy_version`` metadata, each only when known."""
+    metadata: dict[str, Any] = {}
+    if sampled.params:
+        metadata[GENERATION_PARAMS] = dict(sampled.params)
+    if sampled.version is not None:
+        metadata[POLICY_VERSION_KEY] = sampled.version
+    return metadata
 
 
 class SequenceNode(BaseModel):
@@ -163,23 +189,28 @@ class ManagedServer:
     async def _generate(self, prompt: str, kwargs: dict[str, Any], skip_special: bool) -> tuple[list[str], list[str]]:
         extending, input_ids = self._extending_node(prompt)
         kwargs.setdefault("model", self._model())
-        _, outputs, logprobs, finish_reasons = await self.server.tokens_and_logprobs_completion(
-            prompt=prompt, input_ids=input_ids, **kwargs
-        )
+        # a record of its own: the server's entry would not say which node it made, the node's does
+        with recording() as answered:
+            _, outputs, logprobs, finish_reasons = await self.server.tokens_and_logprobs_completion(
+                prompt=prompt, input_ids=input_ids, **kwargs
+            )
+        sampled = self._sampled(extending, SampledCompletion(
+            sampling_params(kwargs), oldest(c.version for c in answered.completions)))
         texts, reasons = [], []
         for i, completion in enumerate(outputs):
             reason = finish_reasons[i] if i < len(finish_reasons) else "stop"
             reason = getattr(reason, "type", reason) or "stop"
             text = self.tokenizer.decode(completion, skip_special_tokens=skip_special)
             completion_logprobs = (list(logprobs[i]) + [1.0] * len(completion))[: len(completion)]
-            node = self._node(prompt, input_ids, extending, completion, completion_logprobs, text, reason)
+            node = self._node(prompt, input_ids, extending, completion, completion_logprobs, text, reason, sampled)
+            record_completion(sampled.params, sampled.version, node.tokens)
             self._store(node, extending, first=(i == 0))
             texts.append(text)
             reasons.append(reason)
         return texts, reasons
 
     def _node(self, prompt: str, input_ids: list[int], extending: Optional[SequenceNode], completion: list[int],
-              completion_logprobs: list[float], text: str, reason: str) -> SequenceNode:
+              completion_logprobs: list[float], text: str, reason: str, sampled: SampledCompletion) -> SequenceNode:
         if extending is not None and not self.track_tree:
             new_prompt = len(input_ids) - len(extending.tokens)
             masks = list(extending.masked_tokens) + [-100] * new_prompt + list(completion)
@@ -188,7 +219,16 @@ class ManagedServer:
             masks = [-100] * len(input_ids) + list(completion)
             logprobs = [1.0] * len(input_ids) + completion_logprobs
         return SequenceNode(full_text=prompt + text, tokens=list(input_ids) + list(completion),
-                            masked_tokens=masks, logprobs=logprobs, metadata={"finish_reason": reason})
+                            masked_tokens=masks, logprobs=logprobs,
+                            metadata={"finish_reason": reason, **sampling_metadata(sampled)})
+
+    def _sampled(self, extending: Optional[SequenceNode], turn: SampledCompletion) -> SampledCompletion:
+        """How the nodes `turn` makes were sampled: with its parameters; an extended node
+        keeps its earlier turns trainable, so it is as old as the oldest of them."""
+        if extending is None or self.track_tree:
+            return turn
+        earlier = (extending.metadata or {}).get(POLICY_VERSION_KEY)
+        return SampledCompletion(turn.params, oldest([turn.version, earlier]))
 
     def _store(self, node: SequenceNode, extending: Optional[SequenceNode], first: bool) -> None:
         if self.track_tree:

@@ -1,4 +1,9 @@
-"""`OpenAIServer`: any OpenAI-compatible endpoint (OpenAI, vLLM's or SGLang's OpenAI routes, ...)."""
+"""`OpenAIServer`: any OpenAI-compatible endpoint (OpenAI, vLLM's or SGLang's OpenAI routes, ...).
+
+Requests go through the client's raw-response routes, so the policy version a server
+reports in its answer's headers reaches the sampling record; callers get the parsed
+objects, as from ``create``.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ from atroposlib.envs.server_handling.api_server import APIServer
 from atroposlib.envs.server_handling.configs import APIServerConfig
 from atroposlib.envs.server_handling.reasoning import ReasoningConfig
 from atroposlib.envs.server_handling.resolve import resolve_openai_configs
+from atroposlib.envs.server_handling.sampling_record import report_version, version_header
 
 log = logging.getLogger("atroposlib.inference")
 
@@ -30,18 +36,18 @@ class OpenAIServer(APIServer):
         )
 
     async def _chat_completion_wrapper(self, **kwargs: Any) -> Any:
-        return await self._with_n(self.openai.chat.completions.create, kwargs)
+        return await self._with_n(self.openai.chat.completions.with_raw_response.create, kwargs)
 
     async def _completion_wrapper(self, **kwargs: Any) -> Any:
-        return await self._with_n(self.openai.completions.create, kwargs)
+        return await self._with_n(self.openai.completions.with_raw_response.create, kwargs)
 
-    async def _with_n(self, create: Any, kwargs: dict[str, Any]) -> Any:
+    async def _with_n(self, create_raw: Any, kwargs: dict[str, Any]) -> Any:
         n = int(kwargs.get("n") or 1)
         if self.config.n_kwarg_is_ignored and n > 1:
             kwargs.pop("n", None)
-            responses = await asyncio.gather(*(create(**kwargs) for _ in range(n)))
+            responses = await asyncio.gather(*(parsed(create_raw, kwargs) for _ in range(n)))
             return merge_choices(responses)
-        response = await create(**kwargs)
+        response = await parsed(create_raw, kwargs)
         if len(response.choices) == n:
             return response
         if len(response.choices) != 1:
@@ -49,8 +55,16 @@ class OpenAIServer(APIServer):
         log.warning("%s ignores n: sending %d separate requests from now on", self.config.base_url, n)
         self.config.n_kwarg_is_ignored = True
         kwargs.pop("n", None)
-        more = await asyncio.gather(*(create(**kwargs) for _ in range(n - 1)))
+        more = await asyncio.gather(*(parsed(create_raw, kwargs) for _ in range(n - 1)))
         return merge_choices([response, *more])
+
+
+async def parsed(create_raw: Any, kwargs: dict[str, Any]) -> Any:
+    """One request through a raw-response route: the version in its headers is reported,
+    the parsed response returned."""
+    raw = await create_raw(**kwargs)
+    report_version(version_header(raw))
+    return raw.parse()
 
 
 def merge_choices(responses: list[Any]) -> Any:

@@ -5,18 +5,27 @@ go through ``{proxy}/{uuid}/v1/chat/completions``, tool calls are kept in the re
 objects, and the node cache is refreshed after every completion, so `get_state()` is
 current inside the ``async with`` block. Third-party code can instead be pointed at
 `get_url()` as an OpenAI base URL.
+
+The proxy's `ManagedServer` writes how each node was sampled into its metadata
+(``generation_params``, ``policy_version``); nodes new since the last fetch are added to the
+environment's open sampling record, so groups built from proxy sessions are stamped like
+in-process ones. Completions made through `get_url()` are recorded when the nodes are
+fetched: at the latest when the ``async with`` block ends.
 """
 
 from __future__ import annotations
 
 import os
+from collections import Counter
 from typing import Any, Optional
 
 import httpx
 from openai.types.chat import ChatCompletion
 
-from atroposlib.envs.server_handling.managed_server import SequenceNode
+from atroposlib.envs.server_handling.managed_server import GENERATION_PARAMS, SequenceNode
 from atroposlib.envs.server_handling.proxy_wire import ProxyChatRequest, SessionCreate, SessionInfo
+from atroposlib.envs.server_handling.sampling_record import record_completion
+from atroposlib.policy_version import POLICY_VERSION_KEY, parse_version
 from atroposlib.utils.io import parse_http_response
 
 CHAT_FIELDS = set(ProxyChatRequest.model_fields)
@@ -31,6 +40,13 @@ async def _call(url: str, method: str, headers: dict[str, str], timeout: float,
                 body: Optional[dict[str, Any]] = None) -> Any:
     async with httpx.AsyncClient(timeout=timeout, headers=headers) as client:
         return await parse_http_response(await client.request(method, url, json=body))
+
+
+def _record_node(node: SequenceNode) -> None:
+    """Add a node to the open sampling record, as the proxy's `ManagedServer` described it."""
+    metadata = node.metadata or {}
+    version = parse_version(metadata.get(POLICY_VERSION_KEY))
+    record_completion(metadata.get(GENERATION_PARAMS) or {}, version, node.tokens)
 
 
 class ProxyManagedServer:
@@ -71,8 +87,15 @@ class ProxyManagedServer:
         return {"nodes": list(self._nodes)}
 
     async def fetch_state(self) -> dict[str, Any]:
+        """Refresh the node cache from the proxy; new nodes go into the sampling record."""
         payload = await self._request("GET", f"/{self.session_uuid}/nodes", 30)
+        known = Counter(tuple(node.tokens) for node in self._nodes)
         self._nodes = [SequenceNode.model_validate(node) for node in payload.get("nodes", [])]
+        for node in self._nodes:
+            if known[tuple(node.tokens)] > 0:  # cached before: recorded then
+                known[tuple(node.tokens)] -= 1
+            else:
+                _record_node(node)
         return self.get_state()
 
     def reset(self) -> None:

@@ -1,4 +1,8 @@
-"""`TrlVllmServer`: TRL's ``vllm-serve``, which returns completion token ids only."""
+"""`TrlVllmServer`: TRL's ``vllm-serve``, which returns completion token ids only.
+
+A policy version in the answer's ``X-Atropos-Policy-Version`` header reaches the sampling
+record, as with the other backends.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ from transformers import AutoTokenizer
 from atroposlib.envs.server_handling.api_server import APIServer
 from atroposlib.envs.server_handling.configs import APIServerConfig
 from atroposlib.envs.server_handling.reasoning import ReasoningConfig
+from atroposlib.envs.server_handling.sampling_record import report_version, version_header
 
 SAMPLING_DEFAULTS = {"repetition_penalty": 1.0, "temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0,
                      "max_tokens": 1024}
@@ -38,6 +43,7 @@ class TrlVllmServer(APIServer):
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.config.timeout)) as session:
             async with session.post(url, json=body, raise_for_status=True) as response:
                 payload = await response.json()
+                report_version(version_header(response))
         eos = self.tokenizer.eos_token_id
         texts, reasons = [], []
         for ids in payload["completion_ids"]:

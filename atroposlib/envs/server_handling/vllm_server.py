@@ -6,6 +6,8 @@ prompt's tokens (``prompt_logprobs``), e.g. for teacher distillation. Both use t
 ``/generate`` route of Atropos-style vLLM wrappers; a stock ``vllm serve`` has no such
 route, so on a 404 the server switches to the OpenAI ``/completions`` route with token-id
 prompts and ``return_token_ids`` (vLLM's own extension), which gives the same data.
+Both routes report the policy version of their answers to the sampling record (the
+``X-Atropos-Policy-Version`` header, or ``"policy_version"`` in a ``/generate`` answer).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from atroposlib.envs.server_handling.configs import APIServerConfig
 from atroposlib.envs.server_handling.openai_server import OpenAIServer
 from atroposlib.envs.server_handling.reasoning import ReasoningConfig
 from atroposlib.envs.server_handling.resolve import resolve_openai_configs
+from atroposlib.envs.server_handling.sampling_record import report_version, version_header
+from atroposlib.policy_version import POLICY_VERSION_KEY
 from atroposlib.utils.tokenize_for_trainer import token_ids
 
 __all__ = ["APIServerConfig", "VLLMServer", "resolve_openai_configs"]
@@ -76,7 +80,10 @@ class VLLMServer(OpenAIServer):
             self.has_generate_route = False
             return None
         response.raise_for_status()
-        return response.json()
+        answer = response.json()
+        body_version = answer.get(POLICY_VERSION_KEY) if isinstance(answer, dict) else None
+        report_version(version_header(response), body_version)
+        return answer
 
     async def _openai_completion(self, ids: list[int], sampling: dict[str, Any]) -> dict[str, Any]:
         """vLLM's OpenAI ``/completions`` with a token-id prompt and token ids in the answer."""
@@ -84,6 +91,7 @@ class VLLMServer(OpenAIServer):
         body = {**sampling, **extra, "model": self.config.model_name, "prompt": ids, "return_token_ids": True}
         response = await self._post(f"{(self.config.base_url or '').rstrip('/')}/completions", body)
         response.raise_for_status()
+        report_version(version_header(response))
         return response.json()
 
     @staticmethod
