@@ -17,7 +17,9 @@ answers of Atropos's bundled server:
   gets 499 and its request is aborted.
 - ``POST /reload_weights {"weights_path": DIR, "policy_version": N}``: new weights of the
   same architecture, in place: requests in flight finish on the old weights, the next ones
-  wait and then see only the new (the trainer's ``reload`` weight-bridge mode).
+  wait and then see only the new (the trainer's ``reload`` weight-bridge mode). A tied LM
+  head gets the new embedding too (atroposlib's ``vllm_plugins/atropos_worker.py``, loaded
+  into vLLM's workers: vLLM's own reload keeps the old head).
 - ``/lora/status``, ``/lora/load``, ``/lora/unload``: the adapter later ``/generate`` (and
   OpenAI route) calls use.
 
@@ -47,6 +49,7 @@ import asyncio
 import json
 import os
 import signal
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,6 +76,10 @@ if __package__:
 else:  # run as a script: its own folder is on sys.path
     from openai_routes import CLIENT_CLOSED, EngineHooks, openai_router
 
+# atroposlib's vLLM plugins (the reload worker extension), beside this package in a checkout and
+# in an installed wheel; put on the path of this process and of the engine's worker processes
+PLUGINS_DIR = Path(__file__).resolve().parent.parent / "atroposlib" / "local" / "vllm_plugins"
+WORKER_EXTENSION = "atropos_worker.ReloadWorkerExtension"
 OPEN_PATHS = ("/health",)
 # atroposlib.policy_version's header (this file runs where atroposlib may not be installed)
 POLICY_VERSION_HEADER = "X-Atropos-Policy-Version"
@@ -285,7 +292,8 @@ async def reload_weights(request: ReloadRequest) -> ReloadResponse:
         # "wait": requests in flight finish on the weights they started with, new ones queue
         await running.pause_generation(mode="wait", clear_cache=False)
         try:
-            await running.collective_rpc("reload_weights", kwargs={"weights_path": request.weights_path})
+            # `atropos_worker`: a tied LM head gets the new embedding, which vLLM's own reload leaves out
+            await running.collective_rpc("reload_weights_keeping_ties", kwargs={"weights_path": request.weights_path})
             await running.reset_prefix_cache()  # cached prefixes were computed with the old weights
             # before generation resumes: no request can arrive on the new weights and see the old version
             state.reload_count += 1
@@ -446,7 +454,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="Policy version of the weights served at start (the trainer step they are from).")
     parser = AsyncEngineArgs.add_cli_args(parser)
     # the trainer's importance ratio needs the log-probabilities of the distribution sampled from
-    parser.set_defaults(logprobs_mode="processed_logprobs")
+    parser.set_defaults(logprobs_mode="processed_logprobs", worker_extension_cls=WORKER_EXTENSION)
     return parser
 
 
@@ -459,6 +467,8 @@ async def serve(args: argparse.Namespace) -> None:
     global engine
     state.api_key = args.api_key
     state.policy_version = args.policy_version
+    sys.path.insert(0, str(PLUGINS_DIR))
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, (str(PLUGINS_DIR), os.environ.get("PYTHONPATH"))))
     # uvicorn re-raises the SIGTERM it caught once it has stopped: with the default handler the
     # process would die right there, skipping `engine.shutdown()` and leaving the engine's
     # processes running when only the server's own pid was signalled (`kill PID`)

@@ -35,7 +35,8 @@ def real_model_dir() -> Path:
 @pytest.fixture(scope="session")
 def real_vllm(real_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalVLLM]:
     log_path = Path(os.environ.get("PYTEST_TMPDIR") or tmp_path_factory.mktemp("vllm")) / "vllm.log"
-    with LocalVLLM(real_model_dir, runtime=installed_runtime(), log_path=log_path) as server:
+    # float32 on every CPU: the trainer's float32 log-probabilities must match the sampler's
+    with LocalVLLM(real_model_dir, runtime=installed_runtime(), log_path=log_path, dtype="float32") as server:
         yield server
 
 

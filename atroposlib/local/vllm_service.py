@@ -16,7 +16,8 @@ top-k and top-p, which a trainer's importance ratio needs: vLLM's default report
 model's), ``--generation-config vllm`` (a request that names no temperature gets 1.0, not
 the model's own default, so environments' records of the request are the truth) and the
 middleware `atropos_policy_version` (every answer says which weights it came from, and
-`reload_weights` updates it: `atroposlib.policy_version`).
+`reload_weights` updates it: `atroposlib.policy_version`); its in-place weight reloads keep
+a tied LM head on the new embedding (`atropos_worker` in ``vllm_plugins/``).
 ``VLLM_SERVER_DEV_MODE=1`` is set so a trainer can swap in new weights (``/collective_rpc``
 ``reload_weights``). The server runs in a process group of its own, stopped as a whole on
 `stop`, on SIGINT, SIGTERM or SIGHUP to the wrapper, and (Linux) when the wrapper dies.
@@ -46,10 +47,12 @@ from atroposlib.local.signals import stop_signals_raise
 
 DEFAULT_SERVED_NAME = "smollm2"
 STOCK_ENTRYPOINT = ("-m", "vllm.entrypoints.openai.api_server")
-# the policy-version middleware, imported by the server from this folder (its own runtime has no atroposlib)
-MIDDLEWARE_DIR = Path(__file__).resolve().with_name("vllm_middleware")
+# the policy-version middleware and the reload worker extension, imported by the server from this
+# folder (its own runtime has no atroposlib)
+PLUGINS_DIR = Path(__file__).resolve().with_name("vllm_plugins")
 STOCK_RL_FLAGS = ("--logprobs-mode", "processed_logprobs", "--generation-config", "vllm",
-                  "--middleware", "atropos_policy_version.policy_version")
+                  "--middleware", "atropos_policy_version.policy_version",
+                  "--worker-extension-cls", "atropos_worker.ReloadWorkerExtension")
 
 
 class VLLMStartError(RuntimeError):
@@ -149,7 +152,7 @@ class LocalVLLM:
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_SERVER_DEV_MODE": "1",
                "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", **self.environ}
         if self.stock:
-            env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(MIDDLEWARE_DIR), env.get("PYTHONPATH"))))
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(PLUGINS_DIR), env.get("PYTHONPATH"))))
         if not self.gpu:
             cores = os.cpu_count() or 1
             # float32 halves the tokens a GiB of KV cache holds: 2 GiB keep the default job's
@@ -234,8 +237,9 @@ class LocalVLLM:
         with httpx.Client(timeout=timeout) as client:
             client.post(f"{root}/pause").raise_for_status()
             try:
-                client.post(f"{root}/collective_rpc", json={
-                    "method": "reload_weights", "kwargs": {"weights_path": str(weights_dir)}}).raise_for_status()
+                client.post(f"{root}/collective_rpc", json={  # `atropos_worker`: a tied LM head stays tied
+                    "method": "reload_weights_keeping_ties",
+                    "kwargs": {"weights_path": str(weights_dir)}}).raise_for_status()
                 client.post(f"{root}/reset_prefix_cache").raise_for_status()
                 if policy_version is None:
                     policy_version = int(client.get(f"{root}/atropos/policy_version").json()["policy_version"]) + 1

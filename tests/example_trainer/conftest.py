@@ -1,5 +1,6 @@
-"""Fixtures of the trainer's loop tests: a tiny model folder and a `run-api` that lets
-environments register before the trainer's first batch request."""
+"""Fixtures of the trainer's tests: a tiny model folder, a `run-api` that lets environments
+register before the trainer's first batch request, and the trainer's bundled vLLM server on
+the real model (float32), started once for the session."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ from typing import Iterator
 
 import pytest
 
+from example_trainer.config import TrainingConfig
+from example_trainer.vllm_manager import TrainerVLLM
 from tests.example_trainer.tiny_model import build_tiny_model
-from tests.helpers import ApiProcess
+from tests.helpers import ApiProcess, free_port
+from tests.real_engine import installed_runtime
 
 
 @pytest.fixture(scope="module")
@@ -21,3 +25,12 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path) ->
 def api(tmp_path: Path) -> Iterator[ApiProcess]:
     with ApiProcess(tmp_path / "state", "--no-registration-gate") as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def served(real_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TrainerVLLM]:
+    config = TrainingConfig(model_name="smollm2", dtype="float32", vllm_port=free_port(), max_model_len=1024,
+                            vllm_python=str(installed_runtime().python))
+    with TrainerVLLM(config, tmp_path_factory.mktemp("vllm") / "vllm.log") as manager:
+        manager.start(str(real_model_dir))
+        yield manager

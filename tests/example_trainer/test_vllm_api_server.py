@@ -18,7 +18,7 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 import openai
@@ -29,10 +29,8 @@ from atroposlib.envs.server_handling.configs import APIServerConfig
 from atroposlib.envs.server_handling.server_manager import ServerManager
 from atroposlib.local.paths import atropos_home
 from atroposlib.local.runtime import Runtime
-from example_trainer.config import TrainingConfig
 from example_trainer.inference_servers import InferenceServerError, InferenceServers
 from example_trainer.vllm_manager import TrainerVLLM
-from tests.helpers import free_port
 from tests.real_engine import ROOT, installed_runtime
 from tests.reference_tests import copy_reference_tests, reference_tests_dir, run_reference_tests
 
@@ -79,15 +77,6 @@ def test_atroposs_own_generate_test_passes_in_the_runtime(tmp_path: Path) -> Non
     if source is None:
         pytest.skip("reference atroposlib 0.4.0 not installed (bench/setup_reference.sh)")
     _run_in_runtime(copy_reference_tests(source, ["test_vllm_api_server_generate.py"], tmp_path))
-
-
-@pytest.fixture(scope="module")
-def served(real_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TrainerVLLM]:
-    config = TrainingConfig(model_name="smollm2", dtype="float32", vllm_port=free_port(), max_model_len=1024,
-                            vllm_python=str(installed_runtime().python))
-    with TrainerVLLM(config, tmp_path_factory.mktemp("vllm") / "vllm.log") as manager:
-        manager.start(str(real_model_dir))
-        yield manager
 
 
 def _generate(manager: TrainerVLLM, **body: Any) -> dict[str, Any]:
@@ -205,10 +194,11 @@ def test_reloaded_weights_change_what_is_served_and_reload_back(
         return [position[str(token)] for token, position in zip(ids[1:], answer["prompt_logprobs"][1:])]
 
     before = scores()
-    assert served.reload_weights(str(_scaled_final_norm(real_model_dir, tmp_path / "scaled"))) > 0
+    assert served.reload_weights(str(_scaled_final_norm(real_model_dir, tmp_path / "scaled")), policy_version=7) > 0
+    assert httpx.get(f"http://127.0.0.1:{served.port}/bridge/info").json()["policy_version"] == 7
     changed = scores()
     assert max(abs(a - b) for a, b in zip(before, changed)) > 0.1
-    served.reload_weights(str(real_model_dir))
+    served.reload_weights(str(real_model_dir), policy_version=0)
     assert scores() == pytest.approx(before, abs=1e-3)
 
 
@@ -216,6 +206,6 @@ def test_the_trainer_checks_it_and_reloads_it_as_a_remote_inference_server(
         served: TrainerVLLM, real_model_dir: Path, tmp_path: Path) -> None:
     servers = InferenceServers((f"http://127.0.0.1:{served.port}",))
     servers.check()  # /health, then /bridge/info: the route only this server has
-    assert servers.reload(str(real_model_dir)) > 0
+    assert servers.reload(str(real_model_dir), policy_version=0) > 0
     with pytest.raises(InferenceServerError, match="sees no folder .* on a file system the inference nodes see"):
-        servers.reload(str(tmp_path / "not-shared"))
+        servers.reload(str(tmp_path / "not-shared"), policy_version=1)

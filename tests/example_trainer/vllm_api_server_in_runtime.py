@@ -87,11 +87,12 @@ def test_token_prompts_return_ids_logprobs_and_prompt_logprobs(fake: FakeEngine)
     answer = TestClient(server.app).post("/generate", json={
         "prompt": {"prompt_token_ids": [1, 2]}, "max_tokens": 1, "logprobs": 1, "prompt_logprobs": 1})
     assert answer.status_code == 200, answer.text
+    assert answer.json()["policy_version"] == 0 and answer.headers["X-Atropos-Policy-Version"] == "0"
     prompt, params, _ = fake.calls[0][1]
     assert prompt == {"prompt_token_ids": [1, 2]} and params.max_tokens == 1
     assert answer.json() == {"text": [" x"], "prompt": "1 2", "finish_reasons": ["length"], "prompt_token_ids": [1, 2],
                              "token_ids": [[5]], "logprobs": [[[{"5": -0.5, "6": -1.5}]]],
-                             "prompt_logprobs": [None, {"2": -2.0}]}
+                             "prompt_logprobs": [None, {"2": -2.0}], "policy_version": 0}
 
 
 @pytest.mark.parametrize("body, detail", [
@@ -116,9 +117,18 @@ def test_reload_pauses_reloads_resets_and_resumes(fake: FakeEngine, tmp_path: Pa
     answer = TestClient(server.app).post("/reload_weights", json={"weights_path": str(tmp_path)})
     assert answer.status_code == 200 and answer.json()["status"] == "ok" and answer.json()["seconds"] >= 0
     assert fake.calls == [("pause", {"mode": "wait", "clear_cache": False}),
-                          ("reload_weights", {"weights_path": str(tmp_path)}), ("reset_prefix_cache", None),
-                          ("resume", None)]
-    assert TestClient(server.app).get("/bridge/info").json()["update_count"] == 1
+                          ("reload_weights_keeping_ties", {"weights_path": str(tmp_path)}),
+                          ("reset_prefix_cache", None), ("resume", None)]
+    info = TestClient(server.app).get("/bridge/info")
+    assert info.json()["update_count"] == 1
+    assert info.json()["policy_version"] == 1 and info.headers["X-Atropos-Policy-Version"] == "1"  # one more
+
+
+def test_a_reload_sets_the_policy_version_it_is_given(fake: FakeEngine, tmp_path: Path) -> None:
+    client = TestClient(server.app)
+    assert client.post("/reload_weights", json={"weights_path": str(tmp_path), "policy_version": 12}).status_code == 200
+    assert client.get("/health").headers["X-Atropos-Policy-Version"] == "12"
+    assert client.get("/bridge/info").json()["policy_version"] == 12
 
 
 def test_a_failed_reload_is_500_and_generation_resumes(fake: FakeEngine, tmp_path: Path) -> None:
