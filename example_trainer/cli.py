@@ -76,6 +76,9 @@ def _training_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--resume-from", default=None,
                        help="continue from this checkpoint directory (step, optimizer and RNG state)")
     group.add_argument("--keep-last-n", type=int, default=None, help="keep only the newest N step checkpoints")
+    group.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=None,
+                       help="recompute activations in the backward pass, saving memory for a third more compute "
+                            "(default: on a GPU, as Atropos; off on a CPU)")
     group.add_argument("--pad-to-multiple", type=int, default=None,
                        help="pad each micro-batch's length to a multiple of this (default: 64 on a GPU, as Atropos; "
                             "1 on a CPU, where padding only costs)")
@@ -132,6 +135,9 @@ def _vllm_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--vllm-restart-interval", type=int, default=3, help="steps between weight syncs to vLLM")
     group.add_argument("--vllm-stop-during-train", action="store_true",
                        help="stop vLLM while a step trains (when both share a GPU without headroom)")
+    group.add_argument("--vllm-pause-during-train", action=argparse.BooleanOptionalAction, default=None,
+                       help="freeze the trainer's vLLM's requests while a step trains (default: on a CPU, where "
+                            "both share the cores and run faster taking turns)")
     group.add_argument("--vllm-python", default=None,
                        help="python that has vLLM (default: this one if vLLM imports, else the atropos-vllm runtime)")
 

@@ -17,8 +17,10 @@ same here), with these changes:
   ``dual_clip``, ``tis_cap``, ``scale_rewards``, ``kl_reference``, ``loss_norm_length``,
   ``match_sampler_truncation``; for the loop: ``max_staleness`` (registered with the API,
   which serves no group sampled by older weights), ``pad_to_multiple`` (Atropos's 64 on a
-  GPU, no rounding on a CPU) and ``replace_run`` (register over a stored run whose settings
-  differ, instead of stopping with an error).
+  GPU, no rounding on a CPU), ``gradient_checkpointing`` (Atropos's on a GPU, off on a CPU),
+  ``vllm_pause_during_train`` (on a CPU the trainer's vLLM freezes its requests while a step
+  trains) and ``replace_run`` (register over a stored run
+  whose settings differ, instead of stopping with an error).
 * ``trainer_rank``, ``world_size``, ``init_method``, ``num_inference_nodes`` and
   ``single_copy`` were never read by Atropos's trainer. They are still accepted, so old
   configurations load, but setting one to anything but its default warns
@@ -118,6 +120,8 @@ class TrainingConfig(BaseModel):
     use_env_advantages: bool = Field(False, description="train on the API's per-token advantages when present")
     missing_logprobs: MissingLogprobs = Field(
         "on_policy", description="rows without inference logprobs: ratio 1 (on_policy) or refuse (error)")
+    gradient_checkpointing: Optional[bool] = Field(
+        None, description="recompute activations in the backward pass; None: on a GPU only")
     pad_to_multiple: Optional[int] = Field(
         None, ge=1, description=f"label width multiple; None: {GPU_PAD_MULTIPLE} on a GPU, {CPU_PAD_MULTIPLE} on a CPU")
 
@@ -129,6 +133,8 @@ class TrainingConfig(BaseModel):
     max_model_len: int = Field(4096, ge=1)
     dtype: Dtype = "auto"
     vllm_stop_during_train: bool = Field(False, description="stop vLLM while a training step runs")
+    vllm_pause_during_train: Optional[bool] = Field(
+        None, description="freeze the trainer's vLLM's requests while a step trains; None: on a CPU only")
     vllm_python: Optional[str] = Field(None, description="python interpreter that has vLLM installed")
 
     # Trajectory API
@@ -220,6 +226,23 @@ class TrainingConfig(BaseModel):
         if self.max_staleness is None:
             return STALENESS_SYNCS * self.vllm_restart_interval
         return None if self.max_staleness < 0 else self.max_staleness
+
+    @property
+    def pauses_vllm_during_train(self) -> bool:
+        """Whether the trainer's own vLLM pauses while a step trains: on a CPU the two share the
+        cores, and both run faster taking turns than competing."""
+        if self.vllm_pause_during_train is not None:
+            return self.vllm_pause_during_train
+        return not self.device.startswith("cuda")
+
+    @property
+    def uses_gradient_checkpointing(self) -> bool:
+        """Whether activations are recomputed in the backward pass: on a GPU memory is what
+        runs out (Atropos always checkpointed); on a CPU compute is, and recomputing costs a
+        third more of it."""
+        if self.gradient_checkpointing is not None:
+            return self.gradient_checkpointing
+        return self.device.startswith("cuda")
 
     @property
     def pad_multiple(self) -> int:

@@ -21,12 +21,16 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 import torch
+import transformers
 
 from example_trainer.data import LABEL_PAD, MicroBatch
 
 # Rows of positions whose full-vocabulary sort is done at once: bounds the extra memory of
 # truncation (a sort and its indices) to a few of these slices.
 TRUNCATION_CHUNK = 2048
+
+# transformers 5 computes logits at the positions of a boolean mask only (`slice_logits_to_keep`).
+LOGITS_TO_KEEP_MASKS = hasattr(transformers.modeling_utils, "slice_logits_to_keep")
 
 # A frozen policy's log-probabilities of a micro-batch's labels (``[B, P]``, 0 where masked).
 ReferenceLogprobs = Callable[[MicroBatch], torch.Tensor]
@@ -63,14 +67,30 @@ def truncate(logits: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor, min
     return torch.cat(chunks) if chunks else logits
 
 
+def model_logits_at(model: torch.nn.Module, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """``[N, V]`` logits of `model` at the N ``True`` entries of `positions` (``[B, P]``), row-major.
+
+    The LM head, a vocabulary-wide matrix multiply, runs only there: transformers'
+    ``logits_to_keep`` with a boolean mask (transformers 5); elsewhere, or for a model whose
+    forward does not take it, every position's logits are computed and then selected."""
+    if LOGITS_TO_KEEP_MASKS:
+        try:
+            kept = model(tokens, logits_to_keep=positions).logits
+        except TypeError:
+            kept = None
+        if kept is not None and kept.dim() == 2 and kept.size(0) == int(positions.sum()):
+            return kept
+    return model(tokens).logits[positions]
+
+
 def trained_position_logits(logits: torch.Tensor, micro: MicroBatch, match_truncation: bool = True) -> torch.Tensor:
     """``[N, V]`` logits of the sampling distribution at the N trained positions of `micro`
-    (``labels != -100``, row-major): float32, divided by the rollout's temperature (values
-    <= 0 mean 1) and, with `match_truncation`, truncated as the rollout was sampled. Only
-    these positions are computed: prompts and padding cost nothing here."""
+    (``labels != -100``, row-major), from the model's logits there (`model_logits_at`):
+    float32, divided by the rollout's temperature (values <= 0 mean 1) and, with
+    `match_truncation`, truncated as the rollout was sampled."""
     trained = micro.labels != LABEL_PAD
     rollout = trained.nonzero()[:, 0]
-    rows = logits[trained].float()
+    rows = logits.float()
     temperatures = micro.temperatures.view(-1).to(rows.device, rows.dtype)[rollout]
     rows = rows / torch.where(temperatures <= 0, torch.ones_like(temperatures), temperatures).unsqueeze(-1)
     if match_truncation and micro.truncated:
@@ -94,7 +114,7 @@ def sampled_token_logprobs(model: torch.nn.Module, micro: MicroBatch, match_trun
     distribution (``[B, P]``, 0 where masked), and that distribution's entropy (``[B, P]``,
     0 where masked) when asked."""
     trained = micro.labels != LABEL_PAD
-    rows = trained_position_logits(model(micro.tokens).logits, micro, match_truncation)
+    rows = trained_position_logits(model_logits_at(model, micro.tokens, trained), micro, match_truncation)
     picked = rows.log_softmax(-1).gather(-1, micro.labels[trained].unsqueeze(-1)).squeeze(-1)
     logp = torch.zeros(trained.shape, dtype=rows.dtype, device=rows.device).masked_scatter(trained, picked)
     if not with_entropy:

@@ -2,10 +2,10 @@
 
 `load_model_and_tokenizer` reads a Hugging Face causal LM (``config.model_name``, or the
 checkpoint in ``config.resume_from``) in the dtype `TrainingConfig.resolved_dtype` picks,
-with FlashAttention-2 when it is installed on a GPU and PyTorch's SDPA otherwise, and turns
-on non-reentrant gradient checkpointing (activations are recomputed in the backward pass,
-which also works when the inputs of a checkpointed block need no gradient, as with frozen
-layers or LoRA). Then either:
+with FlashAttention-2 when it is installed on a GPU and PyTorch's SDPA otherwise, and (on a
+GPU, or with ``--gradient-checkpointing``) turns on non-reentrant gradient checkpointing
+(activations are recomputed in the backward pass, which also works when the inputs of a
+checkpointed block need no gradient, as with frozen layers or LoRA). Then either:
 
 * full-model modes: ``train_layer_indices`` freezes every parameter outside the listed
   transformer blocks (``.layers.<i>.`` in its name); or
@@ -167,7 +167,8 @@ def load_model_and_tokenizer(config: TrainingConfig) -> tuple[PreTrainedModel, P
         model = _wrap_lora(model, config)
     else:
         apply_train_layer_filter(model, config.train_layer_indices)
-    _enable_gradient_checkpointing(model)
+    if config.uses_gradient_checkpointing:
+        _enable_gradient_checkpointing(model)
     disable_dropout(model)
     model.to(config.device)
     model.train()

@@ -110,7 +110,8 @@ def train_step(run: Run, step: int) -> None:
     sync_step = done % max(config.vllm_restart_interval, 1) == 0 or last
     run.sync.before_training(sync_step)
     step_started = time.monotonic()
-    metrics = run_training_step(run.model, run.optimizer, batch, config, step, run.reference)
+    with run.sync.training():
+        metrics = run_training_step(run.model, run.optimizer, batch, config, step, run.reference)
     step_time = time.monotonic() - step_started
     sync_time = 0.0
     if sync_step or checkpoint_due(config, done):

@@ -53,7 +53,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Optional
+from typing import Any, AsyncIterator, Literal, Optional
 
 import uvicorn
 from fastapi import Depends, FastAPI, HTTPException, Request
@@ -387,8 +387,11 @@ async def bridge_state_dict_info() -> dict[str, Any]:
 
 
 @app.post("/bridge/pause")
-async def bridge_pause() -> dict[str, Any]:
-    await _engine().pause_generation(mode="wait", clear_cache=False)
+async def bridge_pause(mode: Literal["wait", "keep"] = "wait") -> dict[str, Any]:
+    """Stop scheduling generation: ``wait`` lets requests in flight finish first (Atropos's),
+    ``keep`` freezes them where they are until ``/bridge/resume`` (instant: the trainer's
+    pause while it trains on the same CPU cores)."""
+    await _engine().pause_generation(mode=mode, clear_cache=False)
     return {"status": "paused"}
 
 

@@ -215,6 +215,15 @@ class TrainerVLLM:
         _checked(response, f"reloading weights from {weights_dir}")
         return time.monotonic() - started
 
+    def pause_generation(self) -> None:
+        """Freeze the server's requests where they are (``/bridge/pause?mode=keep``), so that a
+        training step has the CPU cores to itself; `resume_generation` lets them go on."""
+        _checked(httpx.post(f"{_root(self.port)}/bridge/pause", params={"mode": "keep"}, timeout=60),
+                 "pausing generation")
+
+    def resume_generation(self) -> None:
+        _checked(httpx.post(f"{_root(self.port)}/bridge/resume", timeout=60), "resuming generation")
+
     def load_lora_adapter(self, name: str, path: str, policy_version: Optional[int] = None) -> float:
         started = time.monotonic()
         _load_adapter(self.port, name, path, policy_version)

@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from example_trainer.config import REMOTE_NEEDS_RELOAD, TrainingConfig
 from example_trainer.inference_servers import InferenceServers
@@ -59,6 +60,21 @@ class WeightSync(ABC):
         """Called before each training step; vLLM keeps serving unless told otherwise."""
         if sync_step and self.config.vllm_stop_during_train and self.vllm is not None:
             self.vllm.stop()
+
+    @contextmanager
+    def training(self) -> Iterator[None]:
+        """Around each training step: with ``vllm_pause_during_train`` (the default on a CPU,
+        where vLLM and the trainer share the cores), the trainer's own vLLM freezes its
+        requests while the step runs and goes on with them after."""
+        pause = self.config.pauses_vllm_during_train and self.vllm is not None and self.vllm.is_running()
+        if pause:
+            assert self.vllm is not None
+            self.vllm.pause_generation()
+        try:
+            yield
+        finally:
+            if pause and self.vllm is not None and self.vllm.is_running():
+                self.vllm.resume_generation()
 
     @abstractmethod
     def publish(self, checkpoint: str, step: int) -> float:

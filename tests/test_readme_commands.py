@@ -20,9 +20,10 @@ program, which reads them from the README:
 * pip-install: tests/envs/test_fresh_install.py (a fresh virtual environment).
 * minimal-env, minimal-env-run, lease-loop: tests/test_doc_examples.py.
 
-The benchmarks of blocks bench-weight-sync and bench-learning-curve take 1 to 3 minutes even at
-one update or one step (they start vLLM and train), beyond CI's time budget: their test starts
-the script and checks that it knows every flag of the command. The real engine runs once here, for the quickstart.
+The benchmarks of blocks bench-weight-sync, bench-learning-demo and bench-trl-compare take
+minutes even at one update or one step (they start vLLM and train; the last two are the README's
+learning figures, run alone on an idle machine), beyond CI's time budget: their test starts the
+script and checks that it knows every flag of the command. The real engine runs once here, for the quickstart.
 """
 
 from __future__ import annotations
@@ -236,7 +237,8 @@ def test_the_benchmark_runs_scaled_down(name: str, start: str, replace: dict[str
 
 @pytest.mark.parametrize("name, start", [
     pytest.param("bench-weight-sync", ".venv/bin/python bench/weight_sync.py", id="bench-weight-sync"),
-    pytest.param("bench-learning-curve", ".venv/bin/python bench/learning_curve.py", id="bench-learning-curve"),
+    pytest.param("bench-learning-demo", ".venv/bin/python bench/learning_demo.py", id="bench-learning-demo"),
+    pytest.param("bench-trl-compare", ".venv/bin/python bench/trl_compare.py", id="bench-trl-compare"),
 ])
 def test_the_long_benchmark_knows_every_flag_of_its_command(name: str, start: str, tmp_path: Path) -> None:
     words = command("README.md", name, start, variables={"PWD": str(ROOT)})

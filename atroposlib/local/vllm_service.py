@@ -63,7 +63,8 @@ class PortInUseError(VLLMStartError):
     """Another process already listens on the port the server was to use."""
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -108,7 +109,7 @@ class LocalVLLM:
                  entrypoint: Sequence[str] = STOCK_ENTRYPOINT, environ: Optional[Mapping[str, str]] = None,
                  enforce_eager: bool = True) -> None:
         self.model_dir = Path(model_dir)
-        self.port = port or _free_port()
+        self.port = port or free_port()
         self.served_name = served_name
         self.max_model_len = max_model_len
         self.runtime = runtime or Runtime()

@@ -168,6 +168,8 @@ EVERY_FLAG = [
     (["--max-staleness", "2"], "max_staleness", 2),
     (["--pad-to-multiple", "8"], "pad_to_multiple", 8),
     (["--replace-run"], "replace_run", True),
+    (["--no-vllm-pause-during-train"], "vllm_pause_during_train", False),
+    (["--gradient-checkpointing"], "gradient_checkpointing", True),
 ]
 
 

@@ -26,7 +26,8 @@ ADDED_DEFAULTS = {
     "keep_last_n": None, "log_dir": "./logs", "lease_seconds": 1800.0, "inference_server_urls": None,
     "slurm_inference_servers": False, "loss_type": "grpo", "epsilon_high": None, "dual_clip": None,
     "tis_cap": None, "scale_rewards": "group", "kl_reference": "sampler", "loss_norm_length": None,
-    "match_sampler_truncation": True, "max_staleness": None, "pad_to_multiple": None, "replace_run": False,
+    "match_sampler_truncation": True, "max_staleness": None, "pad_to_multiple": None, "replace_run": False, "vllm_pause_during_train": None,
+    "gradient_checkpointing": None,
 }
 
 
@@ -129,3 +130,7 @@ def test_derived_settings_staleness_bound_and_padding() -> None:
     assert TrainingConfig(model_name="m", device="cpu").pad_multiple == 1
     assert TrainingConfig(model_name="m", device="cuda:0").pad_multiple == 64
     assert TrainingConfig(model_name="m", device="cpu", pad_to_multiple=8).pad_multiple == 8
+    on_cpu, on_gpu = TrainingConfig(model_name="m", device="cpu"), TrainingConfig(model_name="m", device="cuda")
+    assert on_cpu.pauses_vllm_during_train and not on_gpu.pauses_vllm_during_train
+    assert not on_cpu.uses_gradient_checkpointing and on_gpu.uses_gradient_checkpointing
+    assert TrainingConfig(model_name="m", device="cpu", gradient_checkpointing=True).uses_gradient_checkpointing

@@ -1,10 +1,12 @@
 """The whole RL loop on a CPU, as a user runs it: `run-api`, an environment in ``serve`` mode
 sampling from the trainer's vLLM (``server_type: vllm``), and `atropos-grpo` restarting vLLM
-on a new checkpoint after every step. The environment is brevity (shorter answers score
-higher), whose groups have unequal scores from the start, so every step changes the weights."""
+on a new checkpoint after every step. The environment is the README's small sums, which the
+model gets right about half the time, so groups have unequal scores and every step changes
+the weights; each group says which weights sampled it, and the trainer logs its staleness."""
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -74,10 +76,10 @@ def processes_mentioning(*needles: str) -> list[str]:
 
 def environment_command(api: ApiProcess, vllm_port: int, model_dir: Path, tmp_path: Path) -> list[str]:
     """The README's terminal 3 (block training-commands), on the test's ports and folders, with small sizes."""
-    readme = readme_arguments("training-commands", "python environments/brevity_env.py serve",
+    readme = readme_arguments("training-commands", "python environments/small_sums_env.py serve",
                               {"127.0.0.1:9001": f"127.0.0.1:{vllm_port}"}, MODEL=str(model_dir))
-    return [sys.executable, str(ROOT / "environments" / "brevity_env.py"), "serve", *readme,
-            "--env.rollout_server_url", api.url, "--env.group_size", "4", "--env.max_token_length", "32",
+    return [sys.executable, str(ROOT / "environments" / "small_sums_env.py"), "serve", *readme,
+            "--env.rollout_server_url", api.url, "--env.group_size", "4", "--env.max_answer_tokens", "16",
             "--env.max_num_workers", "2", "--env.spool_dir", str(tmp_path / "spool"), "--openai.api_key", "x"]
 
 
@@ -132,4 +134,5 @@ def test_two_steps_of_grpo_restart_vllm_on_the_new_checkpoint(api: ApiProcess, r
     assert status.get("leased_batches", 0) == 0  # prefetched, untrained batches went back
     assert len(served.seen) >= 2, f"vLLM served the same logprobs throughout: {log[-3000:]}"
     assert log.count("vLLM now serves") == 1  # after step 1; the last step ends the run
+    assert re.search(r"step 2 \|.*\| staleness [0-9.]+ \(max [01]\)", log), log[-3000:]  # versions 0 or 1 at step 1
     assert not processes_mentioning("vllm_api_server", str(vllm_port))

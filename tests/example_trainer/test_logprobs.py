@@ -4,6 +4,7 @@ temperature, min-p, top-k and top-p as vLLM applies them, at the trained positio
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -110,3 +111,20 @@ def test_only_trained_positions_are_scored_and_gradients_reach_their_logits() ->
 
 def test_entropy_counts_truncated_tokens_as_impossible() -> None:
     assert entropy(torch.tensor([[0.0, 0.0, float("-inf")]]))[0].item() == pytest.approx(math.log(2))
+
+
+def test_the_lm_head_runs_only_at_trained_positions_and_gives_the_same_logprobs(tokenizer_dir: Path,
+                                                                               tmp_path: Path) -> None:
+    from example_trainer.logprobs import model_logits_at
+    from tests.example_trainer.tiny_model import build_tiny_model
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(build_tiny_model(tmp_path, tokenizer_dir)).float()
+    tokens = torch.randint(0, model.config.vocab_size, (3, 9))
+    positions = torch.zeros(3, 9, dtype=torch.bool)
+    positions[0, 4:] = positions[1, 2:5] = positions[2, 8] = True
+    head_inputs: list[int] = []
+    model.lm_head.register_forward_hook(lambda module, inputs, output: head_inputs.append(inputs[0].shape[-2]))
+    kept = model_logits_at(model, tokens, positions)
+    assert head_inputs == [int(positions.sum())]  # the vocabulary projection only where trained
+    assert torch.allclose(kept, model(tokens).logits[positions], atol=1e-5)

@@ -1,0 +1,32 @@
+"""The small-sums task on its own (standard library only): prompts, the held-out split and the
+reward, shared by `small_sums_env.py` and by trainers that do not run atroposlib (TRL, in
+``bench/trl_compare.py``), so that every side asks, splits and scores the same way.
+
+Each item asks "What is A + B? Reply with only the number." for digits A and B; a reply
+scores 1 when the last number in it is the sum, else 0. The 100 pairs are split once by a
+seed: some are held out for evaluation and never trained on.
+"""
+
+import random
+import re
+
+PROMPT = "What is {a} + {b}? Reply with only the number."
+NUMBER = re.compile(r"-?\d+")
+
+
+def split_pairs(eval_pairs: int, seed: int) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """All (a, b) digit pairs, shuffled by `seed`: (training pairs, held-out pairs)."""
+    pairs = [(a, b) for a in range(10) for b in range(10)]
+    random.Random(seed).shuffle(pairs)
+    return pairs[eval_pairs:], pairs[:eval_pairs]
+
+
+def messages(a: int, b: int) -> list[dict]:
+    """The chat that asks for a + b."""
+    return [{"role": "user", "content": PROMPT.format(a=a, b=b)}]
+
+
+def score(reply: str, answer: int) -> float:
+    """1.0 when the last number of `reply` is `answer`, else 0.0."""
+    numbers = NUMBER.findall(reply)
+    return 1.0 if numbers and int(numbers[-1]) == answer else 0.0
