@@ -109,7 +109,7 @@ class Registration(BaseModel):
 
     wandb_group: Optional[str]
     wandb_project: Optional[str]
-    batch_size: SafeInt
+    batch_size: int = Field(ge=1, le=JSON_SAFE_INT, description="Sequences per batch (a run of batches of 0 never starts).")
     max_token_len: SafeInt
     checkpoint_dir: str
     save_checkpoint_interval: SafeInt

@@ -257,7 +257,7 @@ def main() -> None:
     parser.add_argument("--trainer-flag", action="append", default=[],
                         help="extra atropos-grpo flag, e.g. --trainer-flag=--loss-type=dapo (repeatable)")
     parser.add_argument("--png", type=Path, default=ROOT / "docs" / "images" / "learning_demo.png")
-    parser.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "learning_demo.json")
+    parser.add_argument("--json", type=Path, default=ROOT / "docs" / "results" / "learning_demo.json")
     parser.add_argument("--keep", type=Path, default=None, help="keep the run's folder (checkpoints, logs) here")
     args = parser.parse_args()
     if args.eval_every % args.sync_every:

@@ -4,7 +4,8 @@ What a TRL user gets on a CPU: `trl.GRPOTrainer` generating with Hugging Face ``
 on the same model (SmolLM2-135M-Instruct, float32), prompts (the training pairs of
 ``environments/small_sums_task.py``, drawn in the environment's order), reward, group size,
 batch, learning rate and optimizer (AdamW, weight decay 0.01, gradient norm clipped to 1),
-``loss_type="grpo"``, ``beta=0``, temperature 0.7 and answer length. It runs in a virtual
+``loss_type="grpo"``, ``beta=0``, temperature 0.7 and answer length; everything else is TRL's
+default (gradient checkpointing included), as a TRL user gets it. It runs in a virtual
 environment of its own (``bench/setup_trl.sh``), saves a checkpoint every ``--eval-every``
 steps, and its checkpoints are then evaluated exactly as ``bench/learning_demo.py`` evaluates
 this project's (held-out pairs, same sampling, one vLLM reloaded in place).
@@ -181,9 +182,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trl-python", default=str(ROOT / ".cache" / "trlvenv" / "bin" / "python"),
                         help="python of the TRL environment (bench/setup_trl.sh)")
-    parser.add_argument("--ours", default=str(ROOT / "bench" / "results" / "learning_demo.json"),
+    parser.add_argument("--ours", default=str(ROOT / "docs" / "results" / "learning_demo.json"),
                         help="the figures bench/learning_demo.py wrote")
-    parser.add_argument("--json", default=str(ROOT / "bench" / "results" / "trl_compare.json"))
+    parser.add_argument("--json", default=str(ROOT / "docs" / "results" / "trl_compare.json"))
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--group-size", type=int, default=8)

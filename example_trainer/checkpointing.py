@@ -6,7 +6,9 @@ tokenizer files), ``adapter_step_{n}/`` or ``final_adapter/`` for a LoRA adapter
 ``save_pretrained``; the tokenizer goes once to ``tokenizer/``). Each also holds
 
 * ``trainer_state.json``: `TrainerState` (step, model, API url, mode, dtype, when);
-* ``optimizer.pt``: the optimizer's ``state_dict`` (when an optimizer was given);
+* ``optimizer.pt``: the optimizer's state, full and keyed by parameter name (torch's
+  distributed-checkpoint layout), so that it loads at any world size, sharded or not
+  (checkpoints of earlier releases, keyed by parameter index, still load in one process);
 * ``rng_state.pt``: the torch (and CUDA), Python and NumPy random-number states, taken
   before anything else is written, so a resumed run draws the numbers it would have drawn.
 
@@ -31,6 +33,8 @@ import numpy as np
 import torch
 from pydantic import BaseModel, Field, ValidationError
 
+from example_trainer.distributed import full_optimizer_state, load_optimizer_state
+
 STATE_FILE = "trainer_state.json"
 OPTIMIZER_FILE = "optimizer.pt"
 RNG_FILE = "rng_state.pt"
@@ -54,16 +58,18 @@ class TrainerState(BaseModel):
 
 def save_checkpoint(model: Any, tokenizer: Any, save_path: str, step: int, is_final: bool = False, *,
                     optimizer: Optional[torch.optim.Optimizer] = None, state: Optional[TrainerState] = None,
-                    keep_last_n: Optional[int] = None) -> str:
-    """Write the full model to ``step_{step}/`` (``final_model/`` when final); returns its path."""
+                    keep_last_n: Optional[int] = None, state_dict: Optional[dict[str, torch.Tensor]] = None,
+                    optimizer_state: Optional[dict[str, Any]] = None) -> str:
+    """Write the full model to ``step_{step}/`` (``final_model/`` when final); returns its path.
+    A distributed run passes the gathered `state_dict` and `optimizer_state` (its model is sharded)."""
     name = "final_model" if is_final else f"step_{step}"
     rng = _rng_state()
     with _atomic_dir(Path(save_path), name) as tmp:
-        state_dict = _contiguous_state_dict(model)
-        model.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
+        model.save_pretrained(tmp, state_dict=state_dict if state_dict is not None else _contiguous_state_dict(model),
+                              safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
-        _write_run_state(tmp, step, rng, optimizer, state)
+        _write_run_state(tmp, step, rng, _optimizer_state(model, optimizer, optimizer_state), state)
     if not is_final and keep_last_n:
         _prune(Path(save_path), "step_", keep_last_n)
     return str(Path(save_path) / name)
@@ -71,13 +77,13 @@ def save_checkpoint(model: Any, tokenizer: Any, save_path: str, step: int, is_fi
 
 def save_lora_checkpoint(model: Any, save_path: str, step: int, is_final: bool = False, *,
                          optimizer: Optional[torch.optim.Optimizer] = None, state: Optional[TrainerState] = None,
-                         keep_last_n: Optional[int] = None) -> str:
+                         keep_last_n: Optional[int] = None, optimizer_state: Optional[dict[str, Any]] = None) -> str:
     """Write a PEFT model's adapter to ``adapter_step_{step}/`` (``final_adapter/`` when final)."""
     name = "final_adapter" if is_final else f"adapter_step_{step}"
     rng = _rng_state()
     with _atomic_dir(Path(save_path), name) as tmp:
         model.save_pretrained(tmp)
-        _write_run_state(tmp, step, rng, optimizer, state)
+        _write_run_state(tmp, step, rng, _optimizer_state(model, optimizer, optimizer_state), state)
     if not is_final and keep_last_n:
         _prune(Path(save_path), "adapter_step_", keep_last_n)
     return str(Path(save_path) / name)
@@ -102,13 +108,26 @@ def load_resume_state(path: str) -> TrainerState:
         raise CheckpointError(f"{state_file} is unreadable: {err.errors()[0]['msg']}") from None
 
 
-def restore_optimizer_and_rng(path: str, optimizer: Optional[torch.optim.Optimizer]) -> None:
-    """Load the optimizer state (if the checkpoint has one) and the random-number states saved at `path`."""
+def restore_optimizer_and_rng(path: str, optimizer: Optional[torch.optim.Optimizer],
+                              model: Optional[torch.nn.Module] = None) -> None:
+    """Load the optimizer state (if the checkpoint has one) into `optimizer` over `model`'s
+    parameters, however many processes share them now, and the random-number states saved at `path`."""
     directory = Path(path)
     if optimizer is not None and (directory / OPTIMIZER_FILE).is_file():
-        optimizer.load_state_dict(torch.load(directory / OPTIMIZER_FILE, map_location="cpu", weights_only=True))
+        saved = torch.load(directory / OPTIMIZER_FILE, map_location="cpu", weights_only=True)
+        if model is not None and any(isinstance(key, str) for key in saved.get("state", {})):
+            load_optimizer_state(model, optimizer, saved)
+        else:  # keyed by parameter index: an earlier release's single-process checkpoint
+            optimizer.load_state_dict(saved)
     if (directory / RNG_FILE).is_file():
         _set_rng_state(torch.load(directory / RNG_FILE, weights_only=True))
+
+
+def _optimizer_state(model: Any, optimizer: Optional[torch.optim.Optimizer],
+                     given: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
+    if given is not None or optimizer is None:
+        return given
+    return full_optimizer_state(model, optimizer)
 
 
 @contextmanager
@@ -146,13 +165,13 @@ def _contiguous_state_dict(model: torch.nn.Module) -> Optional[dict[str, torch.T
     return {name: tensor.detach().clone().contiguous() if name in views else tensor for name, tensor in state.items()}
 
 
-def _write_run_state(directory: Path, step: int, rng: dict[str, Any], optimizer: Optional[torch.optim.Optimizer],
+def _write_run_state(directory: Path, step: int, rng: dict[str, Any], optimizer_state: Optional[dict[str, Any]],
                      state: Optional[TrainerState]) -> None:
-    if optimizer is not None:
-        torch.save(optimizer.state_dict(), directory / OPTIMIZER_FILE)
+    if optimizer_state is not None:
+        torch.save(optimizer_state, directory / OPTIMIZER_FILE)
     torch.save(rng, directory / RNG_FILE)
     fields = state.model_dump() if state is not None else {}
-    fields.update(step=step, has_optimizer=optimizer is not None, written_at=time.time())
+    fields.update(step=step, has_optimizer=optimizer_state is not None, written_at=time.time())
     (directory / STATE_FILE).write_text(json.dumps(TrainerState(**fields).model_dump(), indent=2) + "\n")
 
 

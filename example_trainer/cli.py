@@ -4,7 +4,7 @@
 The flag names and defaults are Atropos's, so its commands work unchanged; each flag's
 ``dest`` is the `TrainingConfig` field it sets (except ``--gpu-memory-utilization``, whose
 ``dest`` is ``gpu_memory_utilization`` as in Atropos). ``--help`` shows every default. The
-distributed flags Atropos's trainer never read are accepted but hidden.
+flags of fields Atropos's trainer never read (``--num-inference-nodes``) are accepted but hidden.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from atroposlib.local.cpu import DTYPES
 from atroposlib.local.help_format import DefaultsHelpFormatter
-from example_trainer.config import (KL_REFERENCES, LOSS_TYPES, OPTIMIZERS, SCALE_REWARDS, WEIGHT_BRIDGE_MODES,
+from example_trainer.config import (DATA_PARALLEL, KL_REFERENCES, LOSS_TYPES, OPTIMIZERS, SCALE_REWARDS, WEIGHT_BRIDGE_MODES,
                                    TrainingConfig, default_device)
 
 _INDEX = re.compile(r"\d+")
@@ -193,11 +193,21 @@ def _lora_args(parser: argparse.ArgumentParser) -> None:
                        help="adapt only these layers, same syntax as --train-layer-indices (default: all)")
 
 
+def _distributed_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("Distributed", description=(
+        "Several processes train together on torch.distributed: launch with `torchrun --nproc-per-node N` "
+        "(which sets the rank and world size), or give each process these flags."))
+    group.add_argument("--data-parallel", choices=DATA_PARALLEL, default="ddp",
+                       help="ddp: every process holds the model, gradients are averaged; fsdp: parameters, "
+                            "gradients and optimizer state sharded (FSDP2, full models only)")
+    group.add_argument("--world-size", type=int, default=1, help="processes training together (without torchrun)")
+    group.add_argument("--trainer-rank", type=int, default=0, help="this process's rank (without torchrun)")
+    group.add_argument("--init-method", default="env://",
+                       help="how the processes find each other, e.g. tcp://HOST:PORT (without torchrun)")
+
+
 def _deprecated_args(parser: argparse.ArgumentParser) -> None:
     # Accepted so that old command lines still run; hidden because nothing reads them.
-    parser.add_argument("--trainer-rank", type=int, default=0, help=argparse.SUPPRESS)
-    parser.add_argument("--world-size", type=int, default=1, help=argparse.SUPPRESS)
-    parser.add_argument("--init-method", default="env://", help=argparse.SUPPRESS)
     parser.add_argument("--num-inference-nodes", type=int, default=0, help=argparse.SUPPRESS)
 
 
@@ -222,7 +232,7 @@ def create_full_parser() -> argparse.ArgumentParser:
     """The parser of ``atropos-grpo``: every group."""
     return _parser("atropos-grpo", "Train a model with GRPO on batches from the Atropos trajectory API.", [
         _model_args, _training_args, _grpo_args, _vllm_args, _api_args, _wandb_args, _mode_args, _lora_args,
-        _deprecated_args, _debug_args,
+        _distributed_args, _deprecated_args, _debug_args,
     ])
 
 

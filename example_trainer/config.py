@@ -21,10 +21,12 @@ same here), with these changes:
   ``vllm_pause_during_train`` (on a CPU the trainer's vLLM freezes its requests while a step
   trains) and ``replace_run`` (register over a stored run
   whose settings differ, instead of stopping with an error).
-* ``trainer_rank``, ``world_size``, ``init_method``, ``num_inference_nodes`` and
-  ``single_copy`` were never read by Atropos's trainer. They are still accepted, so old
-  configurations load, but setting one to anything but its default warns
-  (`DeprecationWarning`).
+* ``trainer_rank``, ``world_size`` and ``init_method`` (never read by Atropos's trainer) now
+  mean what their names say: with ``world_size > 1`` the trainer joins a torch.distributed
+  group as that rank (torchrun sets them by itself); ``data_parallel`` picks DDP or FSDP2.
+* ``num_inference_nodes`` and ``single_copy`` were never read by Atropos's trainer. They are
+  still accepted, so old configurations load, but setting one to anything but its default
+  warns (`DeprecationWarning`).
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ from pydantic_core import PydanticCustomError
 from atroposlib.local.cpu import DTYPES, Dtype, DtypeChoice, choose_dtype, read_cpu
 from example_trainer.inference_servers import server_root
 
+DataParallel = Literal["ddp", "fsdp"]
+DATA_PARALLEL: tuple[DataParallel, ...] = ("ddp", "fsdp")
 WeightBridgeMode = Literal["shared_vllm", "lora_only", "lora_restart", "none", "reload"]
 WEIGHT_BRIDGE_MODES: tuple[WeightBridgeMode, ...] = ("shared_vllm", "lora_only", "lora_restart", "none", "reload")
 OptimizerName = Literal["adamw", "adamw_8bit", "adafactor"]
@@ -55,14 +59,12 @@ GPU_PAD_MULTIPLE = 64
 CPU_PAD_MULTIPLE = 1
 # --max-staleness's default, in weight syncs: rollouts may lag one sync behind the natural lag.
 STALENESS_SYNCS = 2
-__all__ = ["DTYPES", "Dtype", "DtypeChoice", "KL_REFERENCES", "LOSS_TYPES", "OPTIMIZERS", "SCALE_REWARDS",
+__all__ = ["DATA_PARALLEL", "DTYPES", "Dtype", "DtypeChoice", "KL_REFERENCES", "LOSS_TYPES", "OPTIMIZERS", "SCALE_REWARDS",
            "TrainingConfig", "WEIGHT_BRIDGE_MODES"]
 
 DEFAULT_LORA_TARGETS = ["q_proj", "v_proj"]
 # Field name -> default of the fields kept only so that old configurations still load.
-DEPRECATED_DEFAULTS: dict[str, object] = {
-    "trainer_rank": 0, "world_size": 1, "init_method": "env://", "num_inference_nodes": 0, "single_copy": False,
-}
+DEPRECATED_DEFAULTS: dict[str, object] = {"num_inference_nodes": 0, "single_copy": False}
 # Only `reload` can hand weights to a server the trainer does not run: the other modes restart
 # their own vLLM, hot-swap adapters into the one on --vllm-port, or share its GPU memory.
 REMOTE_NEEDS_RELOAD = ("--inference-server-urls and --slurm-inference-servers need --weight-bridge-mode reload "
@@ -169,10 +171,13 @@ class TrainingConfig(BaseModel):
     benchmark: bool = False
     log_dir: str = "./logs"
 
+    # Distributed (torchrun sets RANK and WORLD_SIZE instead: `example_trainer.distributed`)
+    data_parallel: DataParallel = Field("ddp", description="with several processes: DDP or FSDP2 (fully_shard)")
+    trainer_rank: int = Field(0, ge=0, description="this process's rank, when not launched by torchrun")
+    world_size: int = Field(1, ge=1, description="processes training together, when not launched by torchrun")
+    init_method: str = Field("env://", description="how the processes find each other (torch.distributed)")
+
     # Deprecated: never read (see DEPRECATED_DEFAULTS).
-    trainer_rank: int = 0
-    world_size: int = 1
-    init_method: str = "env://"
     num_inference_nodes: int = 0
     single_copy: bool = False
 
@@ -200,6 +205,14 @@ class TrainingConfig(BaseModel):
         if self.uses_remote_inference and self.weight_bridge_mode != "reload":
             # no prefix ("Value error, ...") and no field name: the message names the flags itself
             raise PydanticCustomError("remote_inference", REMOTE_NEEDS_RELOAD.format(mode=self.weight_bridge_mode))
+        return self
+
+    @model_validator(mode="after")
+    def _rank_in_world(self) -> "TrainingConfig":
+        if self.trainer_rank >= self.world_size:
+            raise PydanticCustomError("rank", "--trainer-rank {rank} is outside a --world-size of {world} processes "
+                                      "(ranks are 0 to world size - 1)",
+                                      {"rank": self.trainer_rank, "world": self.world_size})
         return self
 
     @model_validator(mode="after")

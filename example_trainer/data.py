@@ -31,7 +31,8 @@ A batch from the trajectory API is a list of scored groups (``tokens``, ``masks`
 * SFT. ``overrides[i].sft`` or ``group_overrides.sft`` marks rollouts trained with plain
   cross-entropy instead of the policy loss.
 
-Rollouts are then cut into micro-batches of ``batch_size`` (the last may be smaller).
+Rollouts are then cut into micro-batches of ``batch_size`` (the last may be smaller); on
+several ranks each keeps every ``world_size``-th rollout (`example_trainer.distributed`).
 `pad_data_to_good_offset` returns Atropos's five lists of tensors.
 """
 
@@ -292,10 +293,18 @@ def _micro_batch(rollouts: list[_Rollout], width: int, per_token: bool, with_log
         **_truncation(rollouts))
 
 
+def _trained_tokens(rollout: _Rollout) -> int:
+    """The rollout's trained positions: its labels (masks shifted by one) that are not -100."""
+    return sum(1 for mask in list(rollout.masks)[1:] if mask != LABEL_PAD)
+
+
 def prepare_batch(items: list[dict], batch_size: int, *, extract_inference_logprobs: bool = True,
                   use_env_advantages: bool = False, pad_multiple: int = GOOD_MULTIPLE, pack: bool = False,
-                  scale_rewards: ScaleRewards = "group", max_length: Optional[int] = None) -> PreparedBatch:
-    """The micro-batches for one optimizer step from the groups of one API batch."""
+                  scale_rewards: ScaleRewards = "group", max_length: Optional[int] = None,
+                  rank: int = 0, world_size: int = 1) -> PreparedBatch:
+    """The micro-batches for one optimizer step from the groups of one API batch; with
+    several ranks, those of rank `rank`'s share (every `world_size`-th rollout, in the packed
+    order), while the counts the loss normalises by stay the whole batch's."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
     if pad_multiple < 1:
@@ -312,13 +321,14 @@ def prepare_batch(items: list[dict], batch_size: int, *, extract_inference_logpr
     per_token = any(r.token_advantages is not None for r in kept)
     if pack:
         kept.sort(key=lambda r: len(r.tokens), reverse=True)
-    chunks = [kept[start:start + batch_size] for start in range(0, len(kept), batch_size)]
+    mine = kept[rank::world_size]
+    chunks = [mine[start:start + batch_size] for start in range(0, len(mine), batch_size)]
     batch_width = working_length(max(len(r.tokens) for r in kept), pad_multiple)
     micro_batches = [
         _micro_batch(chunk, working_length(max(len(r.tokens) for r in chunk), pad_multiple) if pack else batch_width,
                      per_token, with_logprobs)
         for chunk in chunks]
-    trained = sum(int((m.labels != LABEL_PAD).sum()) for m in micro_batches)
+    trained = sum(_trained_tokens(r) for r in kept)
     return PreparedBatch(micro_batches=micro_batches, num_sequences=len(kept), num_tokens=trained,
                          had_inference_logprobs=with_logprobs,
                          policy_versions=[group_policy_version(item) for item in items],

@@ -10,9 +10,24 @@ Ctrl-C / SIGTERM (vLLM stopped, unacknowledged batches back in the API's queue).
 
 from __future__ import annotations
 
+import importlib.util
 import signal
 import sys
 from typing import Callable, Optional
+
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+_MISSING = [name for name in ("torch", "peft", "accelerate") if not _installed(name)]
+if _MISSING:  # the trainer extra is not installed: say how to install it rather than fail on an import
+    raise SystemExit(f"error: atropos-grpo needs the trainer extra ({', '.join(_MISSING)} not installed): "
+                     "pip install 'atroposlib[example_trainer]' (scripts/setup.sh installs torch's CPU build first)")
 
 import requests
 
@@ -20,6 +35,7 @@ from atroposlib.local.signals import StopSignal, stop_signals_raise
 from atroposlib.local.vllm_service import VLLMStartError
 from example_trainer.cli import parse_config
 from example_trainer.config import TrainingConfig
+from example_trainer.distributed import DistributedError
 from example_trainer.trainers import (GpuRequiredError, RegistrationMismatchError, TrainerError, train_legacy,
                                       train_lora, train_lora_restart, train_shared_vllm)
 from example_trainer.api import AtroposApiError
@@ -35,7 +51,7 @@ ENTRY_POINTS: dict[str, Callable[[TrainingConfig], None]] = {
 }
 STOPPING_ERRORS = (TrainerError, WeightSyncError, InferenceServerError, VLLMStartError, PortInUseError,
                    VLLMPythonNotFoundError, VLLMRequestError, AtroposApiError, CheckpointError,
-                   requests.RequestException, OSError)
+                   DistributedError, requests.RequestException, OSError)
 
 
 def run_training(config: TrainingConfig) -> None:

@@ -74,6 +74,8 @@ def console_line(metrics: dict[str, Any], step: int, benchmark: bool = False) ->
         parts.append(f"batch score {metrics['mean_score']:+.3f}")
     if "step_time" in metrics:
         speed = f", {metrics['train/tokens_per_s']:.0f} tok/s" if "train/tokens_per_s" in metrics else ""
+        if "vllm/generation_tokens_per_s" in metrics:
+            speed += f", vLLM generated {metrics['vllm/generation_tokens_per_s']:.0f} tok/s"
         parts.append(f"took {metrics['step_time']:.1f}s{speed}")
     if benchmark:
         parts += [f"{label} {metrics[key]:.2f}{unit}" for key, label, unit in

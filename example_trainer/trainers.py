@@ -16,14 +16,16 @@ serves no group (`atroposlib.policy_version`).
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 import transformers
 
 from atroposlib.policy_version import staleness
+from example_trainer import distributed
 from example_trainer.api import BatchFeed, check_atropos_api, register_trainer
 from example_trainer.checkpointing import (TrainerState, load_resume_state, restore_optimizer_and_rng,
                                            save_checkpoint, save_lora_checkpoint, save_tokenizer)
@@ -33,7 +35,9 @@ from example_trainer.logprobs import ReferenceLogprobs
 from example_trainer.model import load_model_and_tokenizer, reference_logprobs
 from example_trainer.training import (create_optimizer, finalize_training, log_metrics, run_training_step,
                                       setup_wandb)
-from example_trainer.weight_sync import WeightSync, make_weight_sync
+from example_trainer.distributed import Ranks, SharedFeed
+from example_trainer.vllm_manager import GenerationMeter
+from example_trainer.weight_sync import FollowerSync, WeightSync, make_weight_sync
 
 
 class TrainerError(RuntimeError):
@@ -61,49 +65,84 @@ class Run:
     tokenizer: Any
     optimizer: torch.optim.Optimizer
     sync: WeightSync
-    feed: BatchFeed
+    feed: SharedFeed
     use_wandb: bool
     reference: Optional[ReferenceLogprobs] = None
+    ranks: Ranks = Ranks()
+    generation: GenerationMeter = field(default_factory=lambda: GenerationMeter(None))
     timings: dict[str, list[float]] = field(default_factory=lambda: {"step_times": [], "sync_times": []})
 
 
 def train(config: TrainingConfig) -> None:
     """Train for ``config.training_steps`` optimizer steps, one API batch each."""
-    announce(config)
+    ranks = distributed.start(config)
+    try:
+        train_ranks(config, ranks)
+    except RuntimeError as exc:
+        failure = distributed.peer_failure(exc, ranks)
+        if failure is None:
+            raise
+        raise failure from None
+    finally:
+        distributed.stop(ranks)
+
+
+def train_ranks(config: TrainingConfig, ranks: Ranks) -> None:
+    """`train` on this process, one of ``ranks.world_size``; rank 0 alone talks to the API and vLLM."""
+    if ranks.is_main:
+        announce(config, ranks)
     # a line per step is the trainer's progress; transformers' per-file bars would interleave with it
     transformers.utils.logging.disable_progress_bar()
-    check_inputs(config)
+    check_inputs(config, ranks)
     # before the slow model load: no python for vLLM, or a remote server that cannot take weights, fails at once
-    with make_weight_sync(config) as sync:
+    with (make_weight_sync(config) if ranks.is_main else FollowerSync(config)) as sync:
         model, tokenizer = load_model_and_tokenizer(config)
-        optimizer = create_optimizer(model, config)
-        first_step = resume(config, optimizer)
-        Path(config.save_path).mkdir(parents=True, exist_ok=True)
-        register(config, first_step)
         reference = reference_logprobs(model, config)
-        use_wandb = setup_wandb(config)
+        model = distributed.wrap(model, config, ranks)
+        optimizer = create_optimizer(model, config)
+        first_step = resume(config, model, optimizer)
+        if ranks.is_main:
+            Path(config.save_path).mkdir(parents=True, exist_ok=True)
+            register(config, first_step)
+        use_wandb = setup_wandb(config) if ranks.is_main else False
         started = time.time()
-        with BatchFeed(config.atropos_url, config.max_prefetch_batches, config.lease_seconds) as feed:
-            run = Run(config, model, tokenizer, optimizer, sync, feed, use_wandb, reference)
+        with leased_batches(config, ranks) as feed:
+            run = Run(config, model, tokenizer, optimizer, sync, SharedFeed(feed, ranks), use_wandb, reference, ranks,
+                      GenerationMeter(sync.vllm))
             initial = save(run, first_step) if sync.saves_adapters else config.resume_from or config.model_name
-            print(f"vLLM ready in {sync.start(initial, first_step):.1f} s")
+            ready = sync.start(initial, first_step)
+            if ranks.is_main:
+                print(f"vLLM ready in {ready:.1f} s")
             for step in range(first_step, config.training_steps):
                 train_step(run, step)
             final = save(run, config.training_steps, final=True)
-            print(f"final weights: {final}")
+            if ranks.is_main:
+                print(f"final weights: {final}")
             sync.finish(final, config.training_steps)
-    finalize_training(use_wandb, started, mode=config.weight_bridge_mode, total_steps=config.training_steps - first_step,
-                      benchmark_stats=run.timings, benchmark=config.benchmark)
+    if ranks.is_main:
+        finalize_training(use_wandb, started, mode=config.weight_bridge_mode,
+                          total_steps=config.training_steps - first_step, benchmark_stats=run.timings,
+                          benchmark=config.benchmark)
+
+
+@contextmanager
+def leased_batches(config: TrainingConfig, ranks: Ranks) -> Iterator[Optional[BatchFeed]]:
+    """Rank 0's feed of leased batches (given back however training ends); None on other ranks."""
+    if not ranks.is_main:
+        yield None
+        return
+    with BatchFeed(config.atropos_url, config.max_prefetch_batches, config.lease_seconds) as feed:
+        yield feed
 
 
 def train_step(run: Run, step: int) -> None:
     """One optimizer step on the next batch, then (on a sync step) the new weights to vLLM."""
     config = run.config
     fetch_started = time.monotonic()
-    leased = run.feed.next()
-    batch = prepare_batch(leased.items, config.batch_size, use_env_advantages=config.use_env_advantages,
+    leased, items = run.feed.next()
+    batch = prepare_batch(items, config.batch_size, use_env_advantages=config.use_env_advantages,
                           pad_multiple=config.pad_multiple, pack=True, scale_rewards=config.scale_rewards,
-                          max_length=config.seq_len)
+                          max_length=config.seq_len, rank=run.ranks.rank, world_size=run.ranks.world_size)
     data_fetch_time = time.monotonic() - fetch_started
     done = step + 1
     last = done == config.training_steps
@@ -111,22 +150,27 @@ def train_step(run: Run, step: int) -> None:
     run.sync.before_training(sync_step)
     step_started = time.monotonic()
     with run.sync.training():
-        metrics = run_training_step(run.model, run.optimizer, batch, config, step, run.reference)
+        metrics = run_training_step(run.model, run.optimizer, batch, config, step, run.reference, run.ranks)
     step_time = time.monotonic() - step_started
     sync_time = 0.0
     if sync_step or checkpoint_due(config, done):
         checkpoint = save(run, done)
         # after the last step vLLM is about to stop: publishing would only delay the end
-        if sync_step and not last:
+        if sync_step and not last and run.ranks.is_main:
             sync_time = run.sync.publish(checkpoint, done)
             print(f"step {done}: vLLM now serves {checkpoint} ({sync_time:.1f} s)")
     api_step = run.feed.ack(leased)
+    if not run.ranks.is_main:
+        return
     run.timings["step_times"].append(step_time)
     run.timings["sync_times"].append(sync_time)
-    scores = [score for item in leased.items for score in item["scores"]]
+    scores = [score for item in items for score in item["scores"]]
     metrics.update(step_time=step_time, sync_time=sync_time, data_fetch_time=data_fetch_time,
                    mean_score=sum(scores) / len(scores), **staleness_metrics(batch, step))
     metrics["train/tokens_per_s"] = batch.positions / step_time if step_time > 0 else 0.0
+    generation = run.generation.tokens_per_s()
+    if generation is not None:
+        metrics["vllm/generation_tokens_per_s"] = generation
     log_metrics(metrics, done, run.use_wandb, benchmark=config.benchmark, extra_metrics={
         "train/batch_mean_score": metrics["mean_score"], "train/sequences": batch.num_sequences,
         "train/api_step": api_step})
@@ -169,26 +213,33 @@ def checkpoint_due(config: TrainingConfig, done: int) -> bool:
 
 
 def save(run: Run, step: int, final: bool = False) -> str:
-    """The model (or its adapter, in the LoRA modes) with everything `resume` needs."""
-    config = run.config
+    """The model (or its adapter, in the LoRA modes) with everything `resume` needs. Every rank
+    calls it (a sharded model is gathered); rank 0 writes; every rank gets the path."""
+    config, ranks = run.config, run.ranks
     state = TrainerState(step=step, model_name=config.model_name, atropos_url=config.atropos_url,
                          weight_bridge_mode=config.weight_bridge_mode, dtype=config.resolved_dtype().dtype)
-    if run.sync.saves_adapters:
+    weights = distributed.full_model_state(run.model, ranks)
+    optimizer_state = distributed.full_optimizer_state(run.model, run.optimizer)
+    model = distributed.unwrapped(run.model)
+    path = None
+    if ranks.is_main and run.sync.saves_adapters:
         if final:  # an adapter folder holds no tokenizer: one copy next to the adapters (Atropos's layout)
             save_tokenizer(run.tokenizer, config.save_path)
-        return save_lora_checkpoint(run.model, config.save_path, step, is_final=final, optimizer=run.optimizer,
+        path = save_lora_checkpoint(model, config.save_path, step, is_final=final, optimizer_state=optimizer_state,
                                     state=state, keep_last_n=config.keep_last_n)
-    return save_checkpoint(run.model, run.tokenizer, config.save_path, step, is_final=final,
-                           optimizer=run.optimizer, state=state, keep_last_n=config.keep_last_n)
+    elif ranks.is_main:
+        path = save_checkpoint(model, run.tokenizer, config.save_path, step, is_final=final, state_dict=weights,
+                               optimizer_state=optimizer_state, state=state, keep_last_n=config.keep_last_n)
+    return distributed.broadcast(path, ranks)
 
 
-def resume(config: TrainingConfig, optimizer: torch.optim.Optimizer) -> int:
+def resume(config: TrainingConfig, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
     """The first step to train: 0, or the step of the ``resume_from`` checkpoint, whose
-    optimizer and random-number states are restored."""
+    optimizer (at this run's world size) and random-number states are restored."""
     if not config.resume_from:
         return 0
     state = load_resume_state(config.resume_from)
-    restore_optimizer_and_rng(config.resume_from, optimizer)
+    restore_optimizer_and_rng(config.resume_from, optimizer, model)
     if state.step >= config.training_steps:
         raise TrainerError(f"{config.resume_from} is at step {state.step}, already at --training-steps "
                            f"{config.training_steps}: raise --training-steps to train further")
@@ -196,19 +247,23 @@ def resume(config: TrainingConfig, optimizer: torch.optim.Optimizer) -> int:
     return state.step
 
 
-def check_inputs(config: TrainingConfig) -> None:
-    """Fail in one line, before the slow model load, on a model folder that is not there or a
-    trajectory API that does not answer."""
+def check_inputs(config: TrainingConfig, ranks: Ranks = Ranks()) -> None:
+    """Fail in one line, before the slow model load, on a model folder that is not there, a
+    trajectory API that does not answer (rank 0 asks it) or a data-parallel setting this run
+    cannot use."""
     looks_like_path = config.model_name.startswith((".", "/", "~")) or Path(config.model_name).exists()
     if looks_like_path and not (Path(config.model_name).expanduser() / "config.json").exists():
         raise TrainerError(f"no model folder at {config.model_name} (a folder with config.json, or a Hugging Face "
                            "model id; `atropos-prepare-model` makes one from the bundled SmolLM2)")
-    if not check_atropos_api(config.atropos_url):
+    if ranks.distributed and config.data_parallel == "fsdp" and config.weight_bridge_mode in ("lora_only",
+                                                                                           "lora_restart"):
+        raise TrainerError("--data-parallel fsdp shards full models; LoRA adapters train with --data-parallel ddp")
+    if ranks.is_main and not check_atropos_api(config.atropos_url):
         raise TrainerError(f"no trajectory API answers at {config.atropos_url}: start one with `run-api` "
                            "or pass --atropos-url")
 
 
-def announce(config: TrainingConfig) -> None:
+def announce(config: TrainingConfig, ranks: Ranks = Ranks()) -> None:
     dtype = config.resolved_dtype()
     # in lora_only, and with remote inference servers, the servers (and their logs) are the user's
     if config.uses_remote_inference:
@@ -218,8 +273,10 @@ def announce(config: TrainingConfig) -> None:
         vllm = f"vLLM: yours, on port {config.vllm_port}"
     else:
         vllm = f"vLLM log: {Path(config.log_dir) / 'vllm.log'}"
+    processes = f", {ranks.world_size} processes ({config.data_parallel})" if ranks.distributed else ""
     print(f"GRPO trainer: {config.model_name}, mode {config.weight_bridge_mode}, {config.training_steps} steps "
-          f"on {config.device}\n  dtype: {dtype.dtype} ({dtype.reason})\n  checkpoints: {config.save_path}, {vllm}")
+          f"on {config.device}{processes}\n  dtype: {dtype.dtype} ({dtype.reason})\n"
+          f"  checkpoints: {config.save_path}, {vllm}")
 
 
 def with_mode(config: TrainingConfig, mode: str, allowed: tuple[str, ...] = ()) -> TrainingConfig:

@@ -7,6 +7,10 @@ loss (`example_trainer.loss`) is normalised by the whole step's sequences and to
 the micro-batches' gradients add up to the gradient of the batch taken at once. Then the
 gradient norm is clipped to 1 and the optimizer steps.
 
+On several processes (`example_trainer.distributed`) each rank trains its share of the
+rollouts, gradients are averaged once per step, and the metrics are summed over the ranks
+(the spread of log-probabilities is rank 0's share).
+
 The step's metrics keep Atropos's names (``loss``, ``mean_ratio``, ``clipped_fraction``,
 ``alignment/diff_mean``, ...) and add ``grpo/clip_binding_fraction`` (trained tokens whose
 gradient the clip removed), ``grpo/entropy`` (of the sampling distribution), ``grpo/kl``
@@ -19,13 +23,15 @@ The optimizer lives in `example_trainer.optim`, console and W&B output in
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 
 from example_trainer.config import TrainingConfig
 from example_trainer.data import LABEL_PAD, MicroBatch, PreparedBatch
+from example_trainer.distributed import Ranks, max_float, sum_floats
 from example_trainer.logprobs import ReferenceLogprobs, sampled_token_logprobs
 from example_trainer.loss import LossSettings, LossTerms, StepTotals, k3, policy_loss
 from example_trainer.optim import create_optimizer, learning_rate
@@ -88,6 +94,11 @@ def _sampler_logprobs(logp: torch.Tensor, micro: MicroBatch,
     return torch.where(missing.unsqueeze(-1), logp.detach(), sampled), missing
 
 
+SUMMED_STATS = ("policy_tokens", "ratio", "outside_band", "clip_binds", "entropy", "kl", "kl_reference",
+                "tis_weight", "tis_capped", "diff", "diff_abs", "aligned_tokens", "pos_logp", "neg_logp",
+                "pos_count", "neg_count", "missing_count", "sft_count")
+
+
 @dataclass
 class MicroStats:
     """Sums over one micro-batch's trained tokens (policy rows only, SFT rows excluded), so a
@@ -116,9 +127,7 @@ class MicroStats:
     inference_logprobs: list[torch.Tensor] = field(default_factory=list)
 
     def add(self, other: "MicroStats") -> None:
-        for name in ("policy_tokens", "ratio", "outside_band", "clip_binds", "entropy", "kl", "kl_reference",
-                     "tis_weight", "tis_capped", "diff", "diff_abs", "aligned_tokens", "pos_logp", "neg_logp",
-                     "pos_count", "neg_count", "missing_count", "sft_count"):
+        for name in SUMMED_STATS:
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.diff_max = max(self.diff_max, other.diff_max)
         self.training_logprobs += other.training_logprobs
@@ -228,26 +237,70 @@ def _step_metrics(stats: MicroStats, loss: float, lr: float, grad_norm: float, b
     return metrics
 
 
+@contextmanager
+def _gradient_sync(model: torch.nn.Module, last: bool) -> Iterator[None]:
+    """Data-parallel gradient averaging only on a step's last backward: DDP's ``no_sync``
+    before it, FSDP2's ``set_requires_gradient_sync``; nothing for a single process."""
+    if hasattr(model, "set_requires_gradient_sync"):
+        model.set_requires_gradient_sync(last)
+        yield
+    elif hasattr(model, "no_sync") and not last:
+        with model.no_sync():
+            yield
+    else:
+        yield
+
+
+def _idle_pass(model: torch.nn.Module) -> None:
+    """A forward and backward that change nothing, for a rank with fewer micro-batches than
+    the others: FSDP gathers parameters in every pass and DDP averages gradients in the last,
+    so every rank runs as many passes."""
+    logits = model(torch.zeros(1, 1, dtype=torch.long, device=next(model.parameters()).device)).logits
+    (logits.sum() * 0.0).backward()
+
+
+def _all_ranks(stats: MicroStats, loss: float, ranks: Ranks) -> tuple[MicroStats, float]:
+    """The step's statistics and loss summed over every rank (each rank trained its share)."""
+    if not ranks.distributed:
+        return stats, loss
+    totals = sum_floats([float(getattr(stats, name)) for name in SUMMED_STATS] + [loss], ranks)
+    for name, value in zip(SUMMED_STATS, totals):
+        setattr(stats, name, type(getattr(stats, name))(value))
+    stats.diff_max = max_float(stats.diff_max, ranks)
+    return stats, totals[-1]
+
+
 def run_training_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: PreparedBatch,
-                      config: TrainingConfig, step_idx: int,
-                      reference: Optional[ReferenceLogprobs] = None) -> dict[str, Any]:
-    """Forward and backward every micro-batch, clip the gradient norm to 1, step; the step's metrics."""
+                      config: TrainingConfig, step_idx: int, reference: Optional[ReferenceLogprobs] = None,
+                      ranks: Ranks = Ranks()) -> dict[str, Any]:
+    """Forward and backward every micro-batch of this rank's share of the batch, clip the
+    gradient norm to 1, step; the step's metrics (over every rank)."""
     lr = learning_rate(config, step_idx)
     for group in optimizer.param_groups:
         group["lr"] = lr
     settings, totals = loss_settings(config), step_totals(batch, config)
     loss_sum, stats = 0.0, MicroStats()
-    for micro in batch.micro_batches:
-        loss, micro_stats = micro_batch_loss(model, micro.to(config.device), settings, totals,
-                                             missing_logprobs=config.missing_logprobs,
-                                             match_truncation=config.match_sampler_truncation, reference=reference)
-        loss.backward()
+    passes = max(1, int(max_float(len(batch.micro_batches), ranks)))
+    for index in range(passes):
+        with _gradient_sync(model, last=index == passes - 1):
+            if index >= len(batch.micro_batches):
+                _idle_pass(model)
+                continue
+            loss, micro_stats = micro_batch_loss(model, batch.micro_batches[index].to(config.device), settings,
+                                                 totals, missing_logprobs=config.missing_logprobs,
+                                                 match_truncation=config.match_sampler_truncation,
+                                                 reference=reference)
+            # data parallelism averages the ranks' gradients; the step's loss is their sum
+            (loss * ranks.world_size).backward()
         loss_sum += float(loss.detach())
         stats.add(micro_stats)
     trainable = [p for p in model.parameters() if p.requires_grad]
     grad_norm = torch.nn.utils.clip_grad_norm_(trainable, max_norm=MAX_GRAD_NORM)
+    if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor, reduced over the shards
+        grad_norm = grad_norm.full_tensor()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+    stats, loss_sum = _all_ranks(stats, loss_sum, ranks)
     return _step_metrics(stats, loss_sum, lr, float(grad_norm), batch, settings, reference is not None)

@@ -35,6 +35,8 @@ it arrived (a request that waited through a reload is reported one version old).
   routes (`openai_routes`, beside this file), for environments' ``chat_completion`` and
   ``completion`` calls and the ``openai`` client, on the same engine and adapter. Atropos's
   bundled server lacks them.
+- ``GET /metrics``: vLLM's Prometheus metrics (``vllm:generation_tokens_total``, queue and
+  cache gauges, latencies), as ``vllm serve`` and ``atropos-vllm serve`` expose them.
 - ``/bridge/*``: Atropos's shared-weights (CUDA IPC) routes. This server shares no weights;
   the routes report the engine's state and pause, resume, sleep or wake it where vLLM can,
   and answer ``{"status": "not_supported", ...}`` where it cannot.
@@ -55,6 +57,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator, Literal, Optional
 
+import prometheus_client
 import uvicorn
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -69,6 +72,7 @@ from vllm.usage.usage_lib import UsageContext
 from vllm.utils import random_uuid
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 from vllm.v1.engine.async_llm import AsyncLLM
+from vllm.v1.metrics.prometheus import get_prometheus_registry
 from vllm.version import __version__ as VLLM_VERSION
 
 if __package__:
@@ -436,6 +440,13 @@ async def bridge_debug() -> dict[str, Any]:
     return {"engine_type": type(engine).__name__ if engine is not None else None, "vllm_version": VLLM_VERSION,
             "patches_applied": False, "device": current_platform.device_type,
             "logdir": os.environ.get("LOGDIR", "unset"), "model_config": _model_summary() if engine else None}
+
+
+@app.get("/metrics")
+async def metrics() -> Response:
+    """The engine's Prometheus metrics, in the text exposition format."""
+    return Response(prometheus_client.generate_latest(get_prometheus_registry()),
+                    media_type=prometheus_client.CONTENT_TYPE_LATEST)
 
 
 @app.get("/bridge/list_endpoints")

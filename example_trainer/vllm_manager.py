@@ -77,6 +77,9 @@ def _root(port: int) -> str:
     return f"http://127.0.0.1:{port}"
 
 
+_NO_SUCH_ROUTE = (404, 405, 501)
+
+
 def _checked(response: httpx.Response, what: str) -> dict[str, Any]:
     if response.status_code >= 400:
         try:
@@ -215,11 +218,15 @@ class TrainerVLLM:
         _checked(response, f"reloading weights from {weights_dir}")
         return time.monotonic() - started
 
-    def pause_generation(self) -> None:
+    def pause_generation(self) -> bool:
         """Freeze the server's requests where they are (``/bridge/pause?mode=keep``), so that a
-        training step has the CPU cores to itself; `resume_generation` lets them go on."""
-        _checked(httpx.post(f"{_root(self.port)}/bridge/pause", params={"mode": "keep"}, timeout=60),
-                 "pausing generation")
+        training step has the CPU cores to itself; `resume_generation` lets them go on. False
+        when the server has no such route (a vLLM script of the user's own): it keeps serving."""
+        response = httpx.post(f"{_root(self.port)}/bridge/pause", params={"mode": "keep"}, timeout=60)
+        if response.status_code in _NO_SUCH_ROUTE:
+            return False
+        _checked(response, "pausing generation")
+        return True
 
     def resume_generation(self) -> None:
         _checked(httpx.post(f"{_root(self.port)}/bridge/resume", timeout=60), "resuming generation")
@@ -229,6 +236,19 @@ class TrainerVLLM:
         _load_adapter(self.port, name, path, policy_version)
         return time.monotonic() - started
 
+    def generated_tokens(self) -> Optional[float]:
+        """The tokens the server has generated since it started (vLLM's Prometheus counter
+        ``vllm:generation_tokens_total``); None when it has no ``/metrics`` or does not answer."""
+        try:
+            response = httpx.get(f"{_root(self.port)}/metrics", timeout=5)
+        except httpx.HTTPError:
+            return None
+        if response.status_code != 200:
+            return None
+        counts = [float(line.rsplit(" ", 1)[1]) for line in response.text.splitlines()
+                  if line.startswith("vllm:generation_tokens_total")]
+        return sum(counts) if counts else None
+
     def is_running(self) -> bool:
         return self.server is not None and self.server.process is not None and self.server.process.poll() is None
 
@@ -237,3 +257,20 @@ class TrainerVLLM:
 
     def __exit__(self, *exc_info: Any) -> None:
         self.stop()
+
+
+class GenerationMeter:
+    """The trainer's vLLM's generation speed: tokens generated per wall-clock second between
+    two readings (None for the first, and after a restart reset the counter)."""
+
+    def __init__(self, vllm: Optional[TrainerVLLM]) -> None:
+        self.vllm = vllm
+        self.last: Optional[tuple[float, float]] = None
+
+    def tokens_per_s(self) -> Optional[float]:
+        tokens = self.vllm.generated_tokens() if self.vllm is not None and self.vllm.is_running() else None
+        now, previous = time.monotonic(), self.last
+        self.last = (now, tokens) if tokens is not None else None
+        if tokens is None or previous is None or tokens < previous[1] or now <= previous[0]:
+            return None
+        return (tokens - previous[1]) / (now - previous[0])

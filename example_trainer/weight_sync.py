@@ -32,6 +32,7 @@ from typing import Any, Iterator, Optional
 
 from example_trainer.config import REMOTE_NEEDS_RELOAD, TrainingConfig
 from example_trainer.inference_servers import InferenceServers
+from atroposlib.local.vllm_service import PortInUseError, port_in_use
 from example_trainer.vllm_manager import (SERVER_SCRIPT, TrainerVLLM, VLLMPythonNotFoundError, check_vllm_health,
                                          hotswap_lora_adapter)
 
@@ -49,6 +50,7 @@ class WeightSync(ABC):
     def __init__(self, config: TrainingConfig, vllm: Optional[TrainerVLLM]) -> None:
         self.config = config
         self.vllm = vllm
+        self.can_pause = True
 
     def start(self, weights: str, policy_version: int) -> float:
         """Make vLLM serve `weights` (a model folder or name, or an adapter folder in the LoRA
@@ -66,10 +68,13 @@ class WeightSync(ABC):
         """Around each training step: with ``vllm_pause_during_train`` (the default on a CPU,
         where vLLM and the trainer share the cores), the trainer's own vLLM freezes its
         requests while the step runs and goes on with them after."""
-        pause = self.config.pauses_vllm_during_train and self.vllm is not None and self.vllm.is_running()
+        pause = (self.config.pauses_vllm_during_train and self.can_pause and self.vllm is not None
+                 and self.vllm.is_running())
         if pause:
             assert self.vllm is not None
-            self.vllm.pause_generation()
+            pause = self.can_pause = self.vllm.pause_generation()
+            if not pause:
+                print("the vLLM server has no /bridge/pause route: it keeps generating while steps train")
         try:
             yield
         finally:
@@ -195,6 +200,26 @@ class RemoteReloadSync(WeightSync):
         print(f"inference servers now serve {final} ({self.servers.reload(final, step):.1f} s)")
 
 
+class FollowerSync(WeightSync):
+    """Every rank but 0 of a distributed run: rank 0 alone hands the weights to vLLM."""
+
+    def __init__(self, config: TrainingConfig) -> None:
+        super().__init__(config, None)
+        self.saves_adapters = config.weight_bridge_mode in ("lora_only", "lora_restart")
+
+    def start(self, weights: str, policy_version: int) -> float:
+        return 0.0
+
+    def before_training(self, sync_step: bool) -> None:
+        """Nothing to stop: this rank runs no vLLM."""
+
+    def publish(self, checkpoint: str, step: int) -> float:
+        return 0.0
+
+    def finish(self, final: str, step: int) -> None:
+        """Rank 0 gives the final weights to the servers that outlive the run."""
+
+
 STRATEGIES: dict[str, type[WeightSync]] = {
     "none": RestartSync,
     "reload": ReloadSync,
@@ -218,5 +243,8 @@ def make_weight_sync(config: TrainingConfig) -> WeightSync:
         raise WeightSyncError(f"weight_bridge_mode {config.weight_bridge_mode!r} has no weight sync here; "
                               f"choose one of {', '.join(STRATEGIES)}")
     owns_vllm = strategy is not LoraHotSwapSync
+    if owns_vllm and port_in_use(config.vllm_port):  # before registering with the API, not after the model load
+        raise PortInUseError(f"--vllm-port {config.vllm_port} is already in use by another process: stop it or "
+                             "choose another port (it is never stopped for you)")
     vllm = TrainerVLLM(config, Path(config.log_dir) / "vllm.log") if owns_vllm else None
     return strategy(config, vllm)

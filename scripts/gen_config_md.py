@@ -215,7 +215,7 @@ def trainer_fields_sentence(blocks: Blocks) -> str:
                  + (f", except {_code_list(renamed, quote=False)}." if renamed else ".")]
     deprecated = [name for name in flagless if name in DEPRECATED_DEFAULTS]
     if hidden or deprecated:
-        parts = ([f"the flags {_code_list(hidden)}, hidden from `--help`"] if hidden else []) + \
+        parts = ([f"the flag{'s' if len(hidden) > 1 else ''} {_code_list(hidden)}, hidden from `--help`"] if hidden else []) + \
                 ([f"the field{'s' if len(deprecated) > 1 else ''} {_code_list(deprecated)}, which no flag sets"]
                  if deprecated else [])
         sentences.append(f"Accepted for compatibility and ignored, as by Atropos's trainer (a value other than "

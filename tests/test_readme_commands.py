@@ -20,7 +20,7 @@ program, which reads them from the README:
 * pip-install: tests/envs/test_fresh_install.py (a fresh virtual environment).
 * minimal-env, minimal-env-run, lease-loop: tests/test_doc_examples.py.
 
-The benchmarks of blocks bench-weight-sync, bench-learning-demo and bench-trl-compare take
+The benchmarks of blocks bench-weight-sync, bench-learning-demo, bench-trl-compare and bench-train-step take
 minutes even at one update or one step (they start vLLM and train; the last two are the README's
 learning figures, run alone on an idle machine), beyond CI's time budget: their test starts the
 script and checks that it knows every flag of the command. The real engine runs once here, for the quickstart.
@@ -235,10 +235,19 @@ def test_the_benchmark_runs_scaled_down(name: str, start: str, replace: dict[str
     assert done.returncode == 0 and result in done.stdout, _failure(done)
 
 
+@pytest.mark.slow
+def test_the_gpu_smoke_passes_on_a_cpu(tmp_path: Path) -> None:
+    line = command_line("README.md", "bench-gpu-smoke", ".venv/bin/python bench/gpu_smoke.py",
+                        {"bench/gpu_smoke.py": "bench/gpu_smoke.py --device cpu"})
+    done = _bash(line, ROOT, block_environment(tmp_path, TMPDIR=str(tmp_path)), timeout=600)
+    assert done.returncode == 0 and done.stdout.count("PASS ") == 3, _failure(done)
+
+
 @pytest.mark.parametrize("name, start", [
     pytest.param("bench-weight-sync", ".venv/bin/python bench/weight_sync.py", id="bench-weight-sync"),
     pytest.param("bench-learning-demo", ".venv/bin/python bench/learning_demo.py", id="bench-learning-demo"),
     pytest.param("bench-trl-compare", ".venv/bin/python bench/trl_compare.py", id="bench-trl-compare"),
+    pytest.param("bench-train-step", ".venv/bin/python bench/train_step.py", id="bench-train-step"),
 ])
 def test_the_long_benchmark_knows_every_flag_of_its_command(name: str, start: str, tmp_path: Path) -> None:
     words = command("README.md", name, start, variables={"PWD": str(ROOT)})

@@ -10,6 +10,7 @@ import argparse
 import ipaddress
 import logging
 import os
+import socket
 import sys
 import typing
 from pathlib import Path
@@ -99,8 +100,23 @@ def _announce(settings: ApiSettings, summary: Optional[dict[str, Any]], state_di
         )
 
 
+def _port_free(host: str, port: int) -> Optional[str]:
+    """Why `host`:`port` cannot be listened on (None when it can), found before uvicorn logs
+    its start-up lines and then fails."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        socket.create_server((host, port), family=family).close()
+    except OSError as exc:
+        return os.strerror(exc.errno) if exc.errno else str(exc)
+    return None
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     settings = parse_settings(argv)
+    problem = _port_free(settings.host, settings.port)
+    if problem is not None:
+        sys.exit(f"run-api: cannot listen on {settings.host}:{settings.port}: {problem}. Stop what uses the port, "
+                 "or pick another --port.")
     log_config = configure_logging(settings.log_level, settings.log_json)
     common = dict(
         host=settings.host, port=settings.port, log_config=log_config,

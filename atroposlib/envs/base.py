@@ -31,6 +31,7 @@ from atroposlib.envs.server_handling.configs import APIServerConfig, ServerBasel
 from atroposlib.envs.server_handling.reasoning import ReasoningConfig
 from atroposlib.envs.server_handling.sampling_record import current_record
 from atroposlib.envs.server_handling.server_manager import ServerManager
+from atroposlib.envs.chat_template_ids import keep_transformers4_chat_ids
 from atroposlib.envs.tokenizer_loading import load_tokenizer
 from atroposlib.envs.types import EvalHandlingEnum, ScoredDataGroup, ScoredDataItem
 from atroposlib.envs.wandb_logging import WandbRun
@@ -86,7 +87,8 @@ class BaseEnv(ABC):
             max_n_completions=manager.max_n_completions, proxy_url=manager.proxy_url,
             reasoning_config=ReasoningConfig.from_env_config(config),
         )
-        self.tokenizer = load_tokenizer(config.tokenizer_name)
+        # environment files of Atropos's era expect transformers 4's token-id lists from chat templates
+        self.tokenizer = keep_transformers4_chat_ids(load_tokenizer(config.tokenizer_name))
         self.workers: set[asyncio.Task[Any]] = set()
         self.eval_workers: set[asyncio.Task[Any]] = set()
         self.backlog: list[Item] = []

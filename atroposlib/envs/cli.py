@@ -40,6 +40,8 @@ MODE_DEFAULTS: dict[str, dict[str, Any]] = {
     "process": {"ensure_scores_are_not_same": False, "include_messages": True, "use_wandb": True},
     "evaluate": {"use_wandb": True},
 }
+# Mode defaults that give way to a value config_init sets explicitly.
+CONFIG_INIT_WINS = frozenset({"use_wandb"})
 
 
 @dataclass
@@ -151,9 +153,18 @@ def _fill_derived(env_cls: Any, mode: str, values: dict[str, Any]) -> dict[str, 
     return values
 
 
+def _with_mode_defaults(mode: str, default_env: BaseEnvConfig) -> dict[str, Any]:
+    """config_init's settings with the mode's defaults on top (Atropos's), except where
+    config_init chose a setting the mode must not override: W&B stays off in process and
+    evaluate for an environment whose config_init turns it off."""
+    kept = default_env.model_fields_set & CONFIG_INIT_WINS
+    mode_values = {name: value for name, value in MODE_DEFAULTS.get(mode, {}).items() if name not in kept}
+    return {**default_env.model_dump(), **mode_values}
+
+
 def env_defaults(env_cls: Any, mode: str, default_env: BaseEnvConfig) -> dict[str, Any]:
     """The env settings of `mode` before YAML and flags: config_init's, then the mode's."""
-    return _fill_derived(env_cls, mode, {**default_env.model_dump(), **MODE_DEFAULTS.get(mode, {})})
+    return _fill_derived(env_cls, mode, _with_mode_defaults(mode, default_env))
 
 
 def _help_defaults(env_cls: Any, mode: str, default_env: BaseEnvConfig, default_servers: ServerConfigs) -> dict[str, Any]:
@@ -181,7 +192,7 @@ def resolve_settings(env_cls: Any, argv: Sequence[str]) -> RunSettings:
     strict = str(values.get("strict-config", "false")).lower() in TRUE_WORDS
     document = _load_yaml(values.get("config"), env_config_cls, strict)
 
-    env_values = {**default_env.model_dump(), **MODE_DEFAULTS.get(mode, {})}
+    env_values = _with_mode_defaults(mode, default_env)
     env_values.update(document.get(ENV_NAMESPACE) or {})
     env_values.update(_namespace(values, ENV_NAMESPACE))
     _fill_derived(env_cls, mode, env_values)

@@ -32,7 +32,8 @@ def _first_line(exc: BaseException) -> str:
     return (lines[0] if lines else type(exc).__name__)[:300]
 
 
-def _looks_like_a_path(name: str) -> bool:
+def looks_like_a_path(name: str) -> bool:
+    """Whether `name` is meant as a file-system path rather than a Hugging Face id."""
     return name.startswith(("/", "./", "../", "~")) or name.count("/") > 1 or name.endswith("/")
 
 
@@ -57,7 +58,7 @@ def load_tokenizer(name: str, flag: str = ENV_FLAG) -> Any:
             return AutoTokenizer.from_pretrained(str(folder))
         except Exception as exc:
             raise TokenizerUnavailable(f"cannot load the tokenizer in {folder}: {_first_line(exc)}") from None
-    if _looks_like_a_path(name):
+    if looks_like_a_path(name):
         raise TokenizerUnavailable(f"no tokenizer folder at {name}; {fix_hint(flag)}")
     try:
         return AutoTokenizer.from_pretrained(name, local_files_only=True)

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from atroposlib.envs.tokenizer_loading import looks_like_a_path
 from atroposlib.local.help_format import DefaultsHelpFormatter
 from atroposlib.local.paths import DEFAULT_MODEL_NAME, models_dir
 from atroposlib.local.runtime import Runtime
@@ -67,6 +68,9 @@ def prepare_model(source: Optional[str] = None, out: Optional[Path] = None, forc
         if not (Path(source) / "config.json").exists():
             raise ModelPreparationError(f"{source} is a folder without config.json: not a Hugging Face model")
         return Path(source).resolve()
+    if source is not None and not source.endswith(".gguf") and looks_like_a_path(source):
+        raise ModelPreparationError(f"no model folder at {source} (a folder with config.json, a .gguf file, "
+                                    "or a Hugging Face model id)")
     out = Path(out or _default_out(source)).resolve()
     if is_prepared(out) and not force:
         return out

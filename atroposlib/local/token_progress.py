@@ -74,6 +74,13 @@ def token_budget(job: GenerationCounters, planned_rollouts: int, max_tokens: int
     return int(job.finished_tokens + unfinished * max_tokens)
 
 
+def rollouts_postfix(finished: int, planned: int) -> str:
+    """``rollouts 12/64``; rollouts beyond the plan (groups generated again, a server's own
+    requests) are shown apart rather than as ``66/64``."""
+    extra = finished - planned
+    return f"rollouts {min(finished, planned)}/{planned}" + (f" (+{extra} extra)" if extra > 0 else "")
+
+
 class TokenProgress:
     """A tqdm bar of generated tokens, refreshed from ``/metrics`` by a background thread
     while the job runs; a context manager. `job` holds the counts since the start."""
@@ -104,7 +111,8 @@ class TokenProgress:
         self.job = now.since(self.start)
         self.bar.total = max(token_budget(self.job, self.planned_rollouts, self.max_tokens),
                              int(self.job.generated_tokens))
-        self.bar.set_postfix_str(f"rollouts {self.job.finished_rollouts:.0f}/{self.planned_rollouts}", refresh=False)
+        self.bar.set_postfix_str(rollouts_postfix(int(self.job.finished_rollouts), self.planned_rollouts),
+                                 refresh=False)
         self.bar.update(int(self.job.generated_tokens) - self.bar.n)
 
     def _poll(self) -> None:

@@ -250,6 +250,9 @@ class PydanticSchemaFollowingEnv(BaseEnv):
         self.supported_structured_formats = list(config.allowed_structured_formats or StructuredOutputFormat)
         self.supported_container_formats = list(config.allowed_container_formats or OutputContainerFormat)
         self.rng = random.Random()
+        # The valid data that editing tasks corrupt: drawn with the errors' seed, so a seeded run
+        # asks the same repairs whatever order its workers run in.
+        self.faulty_rng = random.Random(config.error_introduction_seed)
         self.model_cache: Dict[str, Type[BaseModel]] = {}
         self.percent_correct_buffer: List[float] = []
         self.eval_metrics: List[Tuple[str, float]] = []
@@ -351,7 +354,7 @@ class PydanticSchemaFollowingEnv(BaseEnv):
             data = dataset_item["erroneous_data"]
             return json.loads(data) if isinstance(data, str) else data
         _, model = self._target_model(dataset_item)
-        valid = generate_valid_data(model, random.Random(self.rng.random()))
+        valid = generate_valid_data(model, random.Random(self.faulty_rng.random()))
         if valid is None:
             return None
         return introduce_error_for_pydantic(valid, model, config=self.error_config)

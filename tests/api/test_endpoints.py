@@ -31,6 +31,13 @@ def test_register_returns_big_integer_uuid_and_first_registration_wins(client: T
     assert client.get("/wandb_info").json() == {"group": "group", "project": "project"}
 
 
+def test_a_registration_of_empty_batches_is_refused_and_the_api_stays_unregistered(client: TestClient) -> None:
+    for size in (0, -4):
+        refused = client.post("/register", json=registration(size))
+        assert refused.status_code == 422 and "batch_size" in refused.text
+    assert client.get("/info").json() == {"batch_size": -1, "max_token_len": -1}
+
+
 def test_register_replace(client: TestClient) -> None:
     client.post("/register", json=registration(32))
     client.post("/scored_data", json=group(8))

@@ -108,6 +108,18 @@ def test_second_server_on_the_same_state_dir_fails_fast(tmp_path: Path) -> None:
     assert result.returncode != 0 and "another run-api process" in result.stderr
 
 
+def test_a_port_in_use_fails_in_one_line_before_uvicorn_starts(tmp_path: Path) -> None:
+    with ApiProcess(tmp_path / "first") as first:
+        result = subprocess.run(
+            [sys.executable, "-m", "atroposlib.cli.run_api", "--port", str(first.port), "--state-dir",
+             str(tmp_path / "second")], capture_output=True, text=True, timeout=30,
+        )
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.strip().splitlines() == [
+        f"run-api: cannot listen on 127.0.0.1:{first.port}: Address already in use. Stop what uses the port, "
+        "or pick another --port."]
+
+
 def test_fresh_discards_and_ephemeral_keeps_nothing(tmp_path: Path) -> None:
     state_dir = tmp_path / "state"
     with ApiProcess(state_dir) as api:

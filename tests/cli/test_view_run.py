@@ -207,7 +207,8 @@ def jsonl_viewer(tmp_path_factory: pytest.TempPathFactory, tokenizer: Any,
         make_group(tokenizer, "Compute 12 times 3.", ["Answer: 36", HOSTILE], [1.0, 0.0], env_id=4),
         make_group(tokenizer, "Say hello.", ["Hello there", "Hello"], [0.5, 0.5], env_id=3),
     ])
-    readme = readme_arguments("console-tools", "view-run", {"data/addition.jsonl": str(path)}, MODEL=str(tokenizer_dir))
+    readme = readme_arguments("console-tools", "view-run", {"data/addition.jsonl": str(path), " --port 7860": ""},
+                              MODEL=str(tokenizer_dir))
     with ViewerProcess(folder, *readme) as viewer:
         assert viewer.process is not None and viewer.process.poll() is None, viewer.log()
         yield viewer

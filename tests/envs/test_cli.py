@@ -79,6 +79,21 @@ def test_process_mode_defaults() -> None:
     assert (env.ensure_scores_are_not_same, env.include_messages, env.data_path_to_save_groups) == (False, True, "data/demo.jsonl")
 
 
+class Quiet(Demo):
+    @classmethod
+    def config_init(cls):
+        return BaseEnvConfig(use_wandb=False, ensure_scores_are_not_same=True), ServerBaseline()
+
+
+def test_process_and_evaluate_turn_wandb_on_unless_config_init_turned_it_off() -> None:
+    for mode in ("process", "evaluate"):
+        assert resolve_settings(Demo, [mode]).env_config.use_wandb is True
+        assert resolve_settings(Quiet, [mode]).env_config.use_wandb is False
+    # the other process defaults are Atropos's, over config_init
+    assert resolve_settings(Quiet, ["process"]).env_config.ensure_scores_are_not_same is False
+    assert resolve_settings(Quiet, ["process", "--env.use_wandb", "true"]).env_config.use_wandb is True
+
+
 def test_multiple_servers_refuse_openai_overrides() -> None:
     assert len(resolve_settings(Listed, ["serve"]).server_configs) == 2
     with pytest.raises(ConfigError, match="multiple servers"):

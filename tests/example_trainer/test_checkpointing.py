@@ -137,7 +137,7 @@ def test_restore_gives_back_the_optimizer_and_every_random_state(tmp_path: Path)
     train_one_step(model, optimizer)  # the run goes on, then dies; a new process resumes:
     resumed = LlamaForCausalLM.from_pretrained(path)
     fresh = torch.optim.AdamW(resumed.parameters(), lr=1e-3)
-    restore_optimizer_and_rng(path, fresh)
+    restore_optimizer_and_rng(path, fresh, resumed)
 
     state = fresh.state_dict()["state"]
     assert state.keys() == saved_moments.keys()
@@ -146,6 +146,19 @@ def test_restore_gives_back_the_optimizer_and_every_random_state(tmp_path: Path)
     assert torch.equal(torch.rand(4), expected[0])
     assert random.random() == expected[1]
     assert np.array_equal(np.random.rand(3), expected[2])
+
+
+def test_the_optimizer_is_saved_by_parameter_name_and_earlier_checkpoints_still_load(tmp_path: Path) -> None:
+    model = tiny_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    train_one_step(model, optimizer)
+    path = save_checkpoint(model, None, str(tmp_path), 1, optimizer=optimizer)
+    saved = torch.load(Path(path) / "optimizer.pt", weights_only=True)
+    assert "model.embed_tokens.weight" in saved["state"]  # loadable at any world size, sharded or not
+    torch.save(optimizer.state_dict(), Path(path) / "optimizer.pt")  # an earlier release's layout
+    fresh = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    restore_optimizer_and_rng(path, fresh, model)
+    assert int(fresh.state_dict()["state"][0]["step"]) == 1
 
 
 def test_restore_without_an_optimizer_file_keeps_the_optimizer_fresh(tmp_path: Path) -> None:

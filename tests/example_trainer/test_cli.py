@@ -170,6 +170,10 @@ EVERY_FLAG = [
     (["--replace-run"], "replace_run", True),
     (["--no-vllm-pause-during-train"], "vllm_pause_during_train", False),
     (["--gradient-checkpointing"], "gradient_checkpointing", True),
+    (["--data-parallel", "fsdp"], "data_parallel", "fsdp"),
+    (["--world-size", "2"], "world_size", 2),
+    (["--trainer-rank", "1"], "trainer_rank", 1),
+    (["--init-method", "tcp://h:1"], "init_method", "tcp://h:1"),
 ]
 
 
@@ -178,7 +182,7 @@ def test_every_flag_reaches_the_config() -> None:
     config = config_from_args(parse_args(argv))
     assert {field: getattr(config, field) for _, field, _ in EVERY_FLAG} == {f: v for _, f, v in EVERY_FLAG}
     # every config field is set by some flag, except the deprecated ones (hidden flags)
-    hidden = {"trainer_rank", "world_size", "init_method", "num_inference_nodes", "single_copy"}
+    hidden = {"num_inference_nodes", "single_copy"}
     assert set(TrainingConfig.model_fields) - {field for _, field, _ in EVERY_FLAG} == hidden
 
 
@@ -193,21 +197,23 @@ def test_short_aliases() -> None:
     assert config_from_args(args).vllm_gpu_memory_utilization == 0.2
 
 
-def test_deprecated_distributed_flags_are_accepted_but_hidden() -> None:
-    argv = ["--model", "m", "--trainer-rank", "0", "--world-size", "1", "--init-method", "env://",
-            "--num-inference-nodes", "0"]
-    assert config_from_args(parse_args(argv)).world_size == 1
-    with pytest.warns(DeprecationWarning, match="world_size"):
-        config_from_args(parse_args(["--model", "m", "--world-size", "2"]))
+def test_deprecated_flags_are_accepted_but_hidden() -> None:
+    assert config_from_args(parse_args(["--model", "m", "--num-inference-nodes", "0"])).num_inference_nodes == 0
+    with pytest.warns(DeprecationWarning, match="num_inference_nodes"):
+        config_from_args(parse_args(["--model", "m", "--num-inference-nodes", "2"]))
+    assert "--num-inference-nodes" not in create_full_parser().format_help()
+
+
+def test_the_distributed_flags_are_shown_in_their_group() -> None:
     help_text = create_full_parser().format_help()
-    for flag in ("--trainer-rank", "--world-size", "--init-method", "--num-inference-nodes", "Distributed"):
-        assert flag not in help_text
+    for flag in ("Distributed", "--data-parallel", "--world-size", "--trainer-rank", "--init-method", "torchrun"):
+        assert flag in help_text
 
 
 def test_help_shows_every_flag_with_its_default_in_atroposs_groups() -> None:
     parser = create_full_parser()
     help_text = " ".join(parser.format_help().split())
-    titles = ["Model:", "Training:", "GRPO:", "vLLM:", "API:", "W&B:", "Mode:", "LoRA:", "Debug:"]
+    titles = ["Model:", "Training:", "GRPO:", "vLLM:", "API:", "W&B:", "Mode:", "LoRA:", "Distributed:", "Debug:"]
     positions = [help_text.index(title) for title in titles]
     assert positions == sorted(positions)
     for action in parser._actions:
@@ -248,3 +254,22 @@ def test_invalid_values_are_one_line_usage_errors(capsys: pytest.CaptureFixture[
 def test_parse_config_with_the_unified_parser() -> None:
     config = parse_config(["--model", "m", "--benchmark"], create_unified_parser())
     assert config.benchmark and config.model_name == "m"
+
+
+def test_without_the_trainer_extra_the_command_says_how_to_install_it() -> None:
+    import subprocess
+    import sys
+
+    hide_torch = ("import importlib.abc, sys\n"
+                  "class Hidden(importlib.abc.MetaPathFinder):\n"
+                  "    def find_spec(self, name, path, target=None):\n"
+                  "        if name.split('.')[0] == 'torch':\n"
+                  "            raise ModuleNotFoundError(name)\n"
+                  "sys.meta_path.insert(0, Hidden())\n"
+                  "sys.argv = ['atropos-grpo', '--help']\n"
+                  "from example_trainer.grpo import main\n")
+    result = subprocess.run([sys.executable, "-c", hide_torch], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.strip() == ("error: atropos-grpo needs the trainer extra (torch not installed): "
+                                     "pip install 'atroposlib[example_trainer]' (scripts/setup.sh installs torch's "
+                                     "CPU build first)")

@@ -27,7 +27,7 @@ ADDED_DEFAULTS = {
     "slurm_inference_servers": False, "loss_type": "grpo", "epsilon_high": None, "dual_clip": None,
     "tis_cap": None, "scale_rewards": "group", "kl_reference": "sampler", "loss_norm_length": None,
     "match_sampler_truncation": True, "max_staleness": None, "pad_to_multiple": None, "replace_run": False, "vllm_pause_during_train": None,
-    "gradient_checkpointing": None,
+    "gradient_checkpointing": None, "data_parallel": "ddp",
 }
 
 
@@ -98,8 +98,7 @@ def test_resolved_dtype_reads_this_machines_cpu_by_default() -> None:
 
 
 @pytest.mark.parametrize("field,value", [
-    ("trainer_rank", 1), ("world_size", 2), ("init_method", "tcp://h:1"), ("num_inference_nodes", 1),
-    ("single_copy", True),
+    ("num_inference_nodes", 1), ("single_copy", True),
 ])
 def test_deprecated_fields_warn_when_set(field: str, value: object) -> None:
     with pytest.warns(DeprecationWarning, match=field):
@@ -134,3 +133,8 @@ def test_derived_settings_staleness_bound_and_padding() -> None:
     assert on_cpu.pauses_vllm_during_train and not on_gpu.pauses_vllm_during_train
     assert not on_cpu.uses_gradient_checkpointing and on_gpu.uses_gradient_checkpointing
     assert TrainingConfig(model_name="m", device="cpu", gradient_checkpointing=True).uses_gradient_checkpointing
+
+
+def test_a_rank_outside_the_world_is_refused() -> None:
+    with pytest.raises(ValidationError, match="--trainer-rank 2 is outside a --world-size of 2"):
+        TrainingConfig(model_name="m", world_size=2, trainer_rank=2)

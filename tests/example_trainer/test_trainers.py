@@ -250,6 +250,20 @@ def test_a_missing_model_folder_or_api_fails_in_one_line_before_loading(tiny_mod
         trainers.train(config_for_url("http://127.0.0.1:1", tiny_model, tmp_path))
 
 
+def test_a_busy_vllm_port_stops_the_trainer_before_it_registers(api: ApiProcess, tiny_model: Path,
+                                                                 tmp_path: Path) -> None:
+    import socket
+
+    from example_trainer.vllm_manager import PortInUseError
+
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        config = config_for(api, tiny_model, tmp_path, vllm_port=busy.getsockname()[1],
+                            vllm_python=str(stand_in_runtime(tmp_path).python))
+        with pytest.raises(PortInUseError, match=f"--vllm-port {config.vllm_port} is already in use"):
+            trainers.train(config)
+    assert httpx.get(api.url + "/info").json()["batch_size"] == -1
+
+
 def config_for_url(url: str, model: Path, tmp_path: Path) -> TrainingConfig:
     return TrainingConfig(model_name=str(model), atropos_url=url, save_path=str(tmp_path / "checkpoints"),
                           device="cpu", optimizer="adamw")

@@ -106,6 +106,18 @@ def test_generate_returns_token_ids_logprobs_and_prompt_logprobs(served: Trainer
     assert httpx.get(f"http://127.0.0.1:{served.port}/health_generate", timeout=60).status_code == 200
 
 
+def test_metrics_count_the_generated_tokens(served: TrainerVLLM, real_model_dir: Path) -> None:
+    def generated() -> float:
+        text = httpx.get(f"http://127.0.0.1:{served.port}/metrics", timeout=30).text
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("vllm:generation_tokens_total"))
+
+    before = generated()
+    answer = _generate(served, prompt={"prompt_token_ids": _prompt_ids(real_model_dir)}, max_tokens=5,
+                       temperature=1.0, seed=1, n=1)
+    assert generated() >= before + len(answer["token_ids"][0])
+
+
 def test_environments_client_samples_and_rescores_through_generate(served: TrainerVLLM, real_model_dir: Path) -> None:
     config = APIServerConfig(base_url=served.base_url, model_name="smollm2", server_type="vllm",
                              tokenizer_name=str(real_model_dir), timeout=120)

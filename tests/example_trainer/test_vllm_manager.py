@@ -177,3 +177,30 @@ def test_adapters_fall_back_to_the_bundled_route(tmp_path: Path) -> None:
     finally:
         http.shutdown()
         http.server_close()
+
+
+class CountingServer:
+    """Stands in for a running vLLM whose generation counter reads `counts` in turn."""
+
+    def __init__(self, counts: list) -> None:
+        self.counts = iter(counts)
+
+    def is_running(self) -> bool:
+        return True
+
+    def generated_tokens(self):
+        return next(self.counts)
+
+
+def test_the_generation_meter_reports_tokens_per_second_between_readings(monkeypatch: pytest.MonkeyPatch) -> None:
+    from example_trainer import vllm_manager
+
+    clock = iter([0.0, 2.0, 3.0, 4.0, 6.0, 7.0])
+    monkeypatch.setattr(vllm_manager.time, "monotonic", lambda: next(clock))
+    meter = vllm_manager.GenerationMeter(CountingServer([100.0, 160.0, 10.0, 50.0, None]))
+    assert meter.tokens_per_s() is None  # a first reading
+    assert meter.tokens_per_s() == 30.0
+    assert meter.tokens_per_s() is None  # the counter went back: vLLM restarted
+    assert meter.tokens_per_s() == 40.0
+    assert meter.tokens_per_s() is None  # no /metrics
+    assert vllm_manager.GenerationMeter(None).tokens_per_s() is None

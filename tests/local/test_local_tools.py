@@ -33,6 +33,8 @@ def test_missing_runtime_and_files_are_clear_errors(tmp_path: Path) -> None:
         prepare_model(str(tmp_path / "missing.gguf"), runtime=runtime, out=tmp_path / "model")
     with pytest.raises(VLLMStartError, match="atropos-vllm install"):
         LocalVLLM(tmp_path, runtime=runtime).start()
+    with pytest.raises(ModelPreparationError, match="no model folder at /nowhere/model"):
+        prepare_model("/nowhere/model", runtime=runtime)
 
 
 def test_cli_errors_exit_with_a_message(tmp_path: Path) -> None:

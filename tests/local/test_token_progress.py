@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from atroposlib.local.token_progress import GenerationCounters, parse_metrics, token_budget
+from atroposlib.local.token_progress import GenerationCounters, parse_metrics, rollouts_postfix, token_budget
 
 METRICS = """# HELP vllm:generation_tokens_total Number of generation tokens processed.
 # TYPE vllm:generation_tokens_total counter
@@ -47,3 +47,9 @@ def test_rollouts_sampled_again_extend_the_budget() -> None:
     # all planned rollouts finished, 3 more (to replace unusable ones) are running
     extra = GenerationCounters(generated_tokens=6100, finished_rollouts=64, finished_tokens=6000, running=3)
     assert token_budget(extra, 64, 128) == 6000 + 3 * 128
+
+
+def test_rollouts_beyond_the_plan_are_shown_apart() -> None:
+    assert rollouts_postfix(12, 64) == "rollouts 12/64"
+    assert rollouts_postfix(64, 64) == "rollouts 64/64"
+    assert rollouts_postfix(66, 64) == "rollouts 64/64 (+2 extra)"

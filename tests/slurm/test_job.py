@@ -109,8 +109,8 @@ def test_the_one_node_job_delivers_groups_and_ends_completed(cluster: SingleNode
     assert submission.leftovers() == []
 
 
-def test_the_trainer_job_gives_each_checkpoint_to_the_inference_server(cluster: SingleNodeCluster,
-                                                                       tokenizer_dir: Path, tmp_path: Path) -> None:
+def test_the_trainer_job_trains_on_two_ranks_and_gives_each_checkpoint_to_the_inference_server(
+        cluster: SingleNodeCluster, tokenizer_dir: Path, tmp_path: Path) -> None:
     pytest.importorskip("torch")
     model = build_tiny_model(tmp_path / "model", tokenizer_dir)
     submission = Submission(cluster, tmp_path, tokenizer_dir)
@@ -118,6 +118,7 @@ def test_the_trainer_job_gives_each_checkpoint_to_the_inference_server(cluster: 
     job = submission.submit(
         "INFER_TP=8 INFER_COMMAND='python -m tests.fake_openai --port $PORT --api-key \"$ATROPOS_INFERENCE_API_KEY\"' "
         f"ENV_SCRIPTS=environments/arithmetic_env.py MODEL={model} GROUP_SIZE=4 TRAINING_STEPS=2 "
+        f"TRAINER_PROCS_PER_NODE=2 TRAINER_PORT={free_port()} "
         "CONSUMER_FLAGS='--device cpu --optimizer adamw --batch-size 2 --gradient-accumulation-steps 2 "
         "--seq-len 256 --vllm-restart-interval 1' sbatch --nodes=1 examples/slurm/atropos.sbatch")
     report = "\n".join(f"== {name}\n{submission.log(name)[-2500:]}" for name in ("job", "env", "trainer", "api"))
@@ -128,6 +129,7 @@ def test_the_trainer_job_gives_each_checkpoint_to_the_inference_server(cluster: 
         f"reloaded weights from {checkpoints / 'step_1'}", f"reloaded weights from {checkpoints / 'final_model'}"]
     trainer_log = submission.log("trainer")
     assert "vLLM: the Slurm job's inference servers" in trainer_log and "vllm.log" not in trainer_log
+    assert "2 processes (ddp)" in trainer_log
     assert f"inference servers taking the weights (1): http://localhost:{submission.infer_port}" in trainer_log
     assert "trainer finished: stopping the environments" in submission.log("job")
     assert submission.leftovers() == []

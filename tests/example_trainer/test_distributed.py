@@ -1,0 +1,144 @@
+"""The trainer on several processes (torch.distributed, gloo on the CPU): two ranks train
+like one, a two-rank checkpoint resumes in one process, and a rank that dies ends the run in
+one line with its batch back in the API's queue."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from example_trainer.config import TrainingConfig
+from example_trainer.data import prepare_batch
+from example_trainer.distributed import Ranks, _is_block, ranks_from
+from example_trainer.cli import parse_config
+from tests.doc_commands import readme_arguments
+from tests.example_trainer.distributed_steps import batch_items
+from tests.example_trainer.test_trainers import post_groups
+from tests.helpers import ApiProcess, free_port
+from tests.local.stand_ins import stand_in_runtime
+
+torch = pytest.importorskip("torch")
+STEPS_SCRIPT = Path(__file__).with_name("distributed_steps.py")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_steps(model: Path, out: Path, ranks: int, *extra: str) -> dict:
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
+               "--master-port", str(free_port()), str(STEPS_SCRIPT), "--model", str(model), "--out", str(out),
+               *extra]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return torch.load(out, weights_only=True)
+
+
+def assert_same_training(one: dict, other: dict) -> None:
+    assert other["losses"] == pytest.approx(one["losses"], rel=1e-5, abs=1e-7)
+    assert one["weights"].keys() == other["weights"].keys()
+    for name, tensor in one["weights"].items():
+        torch.testing.assert_close(other["weights"][name], tensor, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_ranks_come_from_torchrun_else_from_the_config() -> None:
+    config = TrainingConfig(model_name="m", world_size=3, trainer_rank=2)
+    assert ranks_from(config, {}) == Ranks(rank=2, world_size=3, local_rank=2)
+    assert ranks_from(config, {"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "0"}) == Ranks(1, 4, 0)
+    assert ranks_from(TrainingConfig(model_name="m"), {}).distributed is False
+
+
+def test_the_readmes_torchrun_command_is_a_valid_trainer_command() -> None:
+    argv = readme_arguments("distributed-training", "torchrun --nproc-per-node 4 -m example_trainer.grpo",
+                            MODEL="org/model")
+    config = parse_config(argv)
+    assert (config.model_name, config.data_parallel, config.weight_bridge_mode) == ("org/model", "fsdp", "reload")
+
+
+def test_fsdp_shards_each_transformer_block() -> None:
+    assert _is_block("model.layers.3") and _is_block("transformer.h.0")
+    assert not _is_block("model.layers") and not _is_block("model.layers.3.mlp")
+
+
+def test_the_ranks_shares_make_up_the_batch_and_keep_its_totals() -> None:
+    whole = prepare_batch(batch_items(0), 2, pack=True, pad_multiple=1)
+    shares = [prepare_batch(batch_items(0), 2, pack=True, pad_multiple=1, rank=rank, world_size=2)
+              for rank in range(2)]
+    assert [share.num_sequences for share in shares] == [whole.num_sequences] * 2
+    assert [share.num_tokens for share in shares] == [whole.num_tokens] * 2
+    rows = sorted(int((m.labels != -100).sum()) for share in shares for m in share.micro_batches)
+    assert sum(rows) == whole.num_tokens
+    assert [len(share.micro_batches) for share in shares] == [2, 1]  # 3 and 2 of the 5 rollouts
+
+
+@pytest.fixture(scope="module")
+def one_rank(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Three steps in one process: what every distributed run must match."""
+    trained = run_steps(tiny_model, tmp_path_factory.mktemp("one-rank") / "one.pt", 1)
+    assert len(trained["losses"]) == 3
+    return trained
+
+
+@pytest.mark.parametrize("data_parallel", ["ddp", "fsdp"])
+def test_two_ranks_train_like_one(data_parallel: str, one_rank: dict, tiny_model: Path, tmp_path: Path) -> None:
+    assert_same_training(one_rank, run_steps(tiny_model, tmp_path / "two.pt", 2, "--data-parallel", data_parallel))
+
+
+def test_a_two_rank_checkpoint_resumes_in_one_process(one_rank: dict, tiny_model: Path, tmp_path: Path) -> None:
+    run_steps(tiny_model, tmp_path / "saved.pt", 2, "--data-parallel", "fsdp", "--save-at", "2",
+              "--save-path", str(tmp_path / "checkpoints"))
+    checkpoint = tmp_path / "checkpoints" / "step_2"
+    assert (checkpoint / "optimizer.pt").is_file()
+    resumed = run_steps(tiny_model, tmp_path / "resumed.pt", 1, "--resume", str(checkpoint))
+    assert_same_training({**one_rank, "losses": one_rank["losses"][2:]}, resumed)
+
+
+def rank_command(api: ApiProcess, model: Path, tmp_path: Path, rank: int, init: str) -> list[str]:
+    command = [sys.executable, "-m", "example_trainer.grpo", "--model-name", str(model), "--device", "cpu",
+               "--optimizer", "adamw", "--training-steps", "4", "--batch-size", "2",
+               "--gradient-accumulation-steps", "2", "--atropos-url", api.url, "--save-path",
+               str(tmp_path / "checkpoints"), "--log-dir", str(tmp_path / f"logs{rank}"),
+               "--world-size", "2", "--trainer-rank", str(rank), "--init-method", init]
+    if rank == 0:
+        command += ["--vllm-python", str(stand_in_runtime(tmp_path).python), "--vllm-port", str(free_port())]
+    return command
+
+
+def wait_for(path: Path, text: str, process: subprocess.Popen, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in path.read_text(errors="replace"):
+        alive = process.poll() is None and time.monotonic() < deadline
+        assert alive, path.read_text(errors="replace")[-3000:]
+        time.sleep(0.2)
+
+
+def test_a_rank_that_dies_ends_the_run_in_one_line_and_loses_no_batch(api: ApiProcess, tiny_model: Path,
+                                                                      tmp_path: Path) -> None:
+    post_groups(api, 8)  # eight batches of one group of 4
+    init = f"tcp://127.0.0.1:{free_port()}"
+    logs = [tmp_path / "rank0.log", tmp_path / "rank1.log"]
+    with open(logs[0], "wb") as out0, open(logs[1], "wb") as out1:
+        environment = {**os.environ, "STAND_IN_PIDS": str(tmp_path / "pids")}
+        ranks = [subprocess.Popen(rank_command(api, tiny_model, tmp_path, rank, init), cwd=tmp_path, env=environment,
+                                  stdout=out, stderr=subprocess.STDOUT) for rank, out in enumerate((out0, out1))]
+        try:
+            wait_for(logs[0], "grad norm", ranks[0])  # the first step's line
+            ranks[1].send_signal(signal.SIGKILL)
+            assert ranks[0].wait(120) == 1
+        finally:
+            for process in ranks:
+                process.kill()
+                process.wait()
+    output = logs[0].read_text()
+    errors = [line for line in output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "another process of the distributed run" in errors[0], output[-3000:]
+    assert "Traceback" not in output
+    status = httpx.get(api.url + "/status").json()
+    acknowledged = status["current_step"]
+    assert acknowledged >= 1
+    assert status["leased_batches"] == 0
+    assert status["queue_size"] == 8 - acknowledged  # a batch is one group: leased, untrained ones are back
