@@ -38,6 +38,7 @@ ones ship in ``environments/fixtures/tool_calling/``.
 
 import asyncio
 import json
+import logging
 import random
 import re
 import time
@@ -54,6 +55,7 @@ system_prompt = (
     "as long as you need, inside <think> </think> tags; after the closing tag, give your response."
 )
 
+logger = logging.getLogger(__name__)
 TOOL_CALL_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 HELD_OUT = 100
 MIN_TRAINED_TOKENS = 10
@@ -221,7 +223,8 @@ class SingleToolCallingEnv(BaseEnv):
 
     async def score(self, rollout_group_data) -> Optional[ScoredDataGroup]:
         if not extract_tool_calls(rollout_group_data[0][1]):
-            return None  # no usable gold call
+            logger.info("group left out: the row's gold answer has no usable tool call")
+            return None
         rollout_group_data = list(rollout_group_data)
         random.shuffle(rollout_group_data)
         group = ScoredDataGroup(tokens=[], masks=[], scores=[], messages=[])
@@ -238,11 +241,15 @@ class SingleToolCallingEnv(BaseEnv):
             if len(group["tokens"]) >= self.config.group_size:
                 break
         if not group["tokens"]:
+            logger.info("group left out: no answer has %d trained tokens or more", MIN_TRAINED_TOKENS)
             return None
         self.percent_correct_buffer.extend(max(score, 0.0) for score in group["scores"])
         if all(score == 1.0 for score in group["scores"]):
             group["scores"] = [self._length_scaled(len(tokens)) for tokens in group["tokens"]]
         if all(score == group["scores"][0] for score in group["scores"]):
+            logger.info("group left out: all %d answers scored %g (%s), so it carries no learning signal",
+                        len(group["scores"]), group["scores"][0],
+                        "every tool call right" if group["scores"][0] > 0 else "no tool call matched the gold calls")
             return None
         return group
 

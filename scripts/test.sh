@@ -62,5 +62,8 @@ if ! command -v slurmctld >/dev/null; then
 else
     step 6 "Slurm for the Slurm tests: $(command -v slurmctld)"
 fi
-step 7 "running the test suite"
+# In CI (CI set, as .ci/run and CI services do) every component above is installed: a test that
+# would skip because one is missing fails instead (tests/conftest.py), so a green run ran everything.
+if [ -n "${CI:-}" ]; then export ATROPOS_TESTS_NO_SKIP="${ATROPOS_TESTS_NO_SKIP:-1}"; fi
+step 7 "running the test suite${ATROPOS_TESTS_NO_SKIP:+ (skips fail: ATROPOS_TESTS_NO_SKIP=1)}"
 exec .venv/bin/python -m pytest -q -p no:cacheprovider --durations=15 "$@"

@@ -14,6 +14,28 @@ from tests.browser import browser  # noqa: F401 (fixtures registered once, for e
 from tests.real_engine import gsm8k_data, real_model_dir, real_vllm  # noqa: F401
 
 os.environ.setdefault("WANDB_MODE", "disabled")
+# Set by scripts/test.sh in CI, where every component the tests need is installed: a test that
+# skips (a missing engine, browser, Slurm, reference install...) fails instead of hiding it.
+NO_SKIPS_VARIABLE = "ATROPOS_TESTS_NO_SKIP"
+
+
+def _fail_skip(report: Any) -> None:
+    if os.environ.get(NO_SKIPS_VARIABLE) == "1" and report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[-1] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"skipped with {NO_SKIPS_VARIABLE}=1 (a component the tests need is missing): {reason}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    outcome = yield
+    _fail_skip(outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
+    outcome = yield
+    _fail_skip(outcome.get_result())
 
 
 class FakeClock:

@@ -61,17 +61,22 @@ def reference_tests_dir() -> Optional[Path]:
     return folder if found.returncode == 0 and folder.is_dir() else None
 
 
-def copy_reference_tests(source: Path, names: list[str], root: Path) -> Path:
+def copy_reference_tests(source: Path, names: list[str], root: Path, api_port: Optional[int] = None) -> Path:
     """Copy `names` (paths inside the reference's tests folder) and its conftest into the
-    package ``root/reftests``; return the package folder. Only their import path changes:
-    ``atroposlib.tests.`` becomes ``reftests.``, since they live outside the package here."""
+    package ``root/reftests``; return the package folder. Only their import path changes
+    (``atroposlib.tests.`` becomes ``reftests.``, since they live outside the package here)
+    and, with `api_port`, the fixed port 8000 their API runs on (``localhost:8000`` and the
+    ``"--port", "8000"`` of the server they start)."""
     package = root / PACKAGE
     package.mkdir(parents=True)
     (package / "__init__.py").write_text("")
     for name in ["conftest.py", *names]:
         target = package / Path(name).name
         shutil.copy(source / name, target)
-        target.write_text(target.read_text().replace("atroposlib.tests.", f"{PACKAGE}."))
+        text = target.read_text().replace("atroposlib.tests.", f"{PACKAGE}.")
+        if api_port is not None:
+            text = text.replace("localhost:8000", f"localhost:{api_port}").replace('"8000",', f'"{api_port}",')
+        target.write_text(text)
     return package
 
 

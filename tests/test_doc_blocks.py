@@ -102,10 +102,11 @@ def _run(block: DocBlock, folder: Path) -> tuple[int, str]:
     return process.returncode, log.read_text(errors="replace")
 
 
-@pytest.mark.parametrize("block", RUN_BLOCKS, ids=[block.where for block in RUN_BLOCKS])
-def test_the_run_block_runs_as_written(block: DocBlock, tmp_path: Path) -> None:
-    status, output = _run(block, tmp_path)
-    assert status == 0, f"{block.where}: exit status {status}\n{output[-6000:]}"
+if RUN_BLOCKS:  # none at present: every block is run by a named test (id=...)
+    @pytest.mark.parametrize("block", RUN_BLOCKS, ids=[block.where for block in RUN_BLOCKS])
+    def test_the_run_block_runs_as_written(block: DocBlock, tmp_path: Path) -> None:
+        status, output = _run(block, tmp_path)
+        assert status == 0, f"{block.where}: exit status {status}\n{output[-6000:]}"
 
 
 def test_the_executor_runs_blocks_in_the_documented_environment_and_stops_what_they_leave(tmp_path: Path) -> None:

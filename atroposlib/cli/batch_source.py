@@ -75,7 +75,10 @@ class ApiBatchSource:
 
     def claim(self, registration: dict[str, Any], *, reset: bool = False, force: bool = False) -> None:
         """Register as the run's consumer; refuses when a trainer already has, unless `force`."""
-        if self.trainer_registered():
+        if self.trainer_registered() and self._tool_registered(registration):
+            self.log(f"the run at {self.url} was registered by a dataset tool with these settings (an earlier run, "
+                     "kept across an API restart): taking it over")
+        elif self.trainer_registered():
             if not force:
                 raise ToolRefused(f"a training run is registered at {self.url}; {STEAL_WARNING} "
                                   "(stop the trainer first, or pass --force to take batches anyway)")
@@ -86,6 +89,14 @@ class ApiBatchSource:
             with_retries(lambda: request("POST", f"{self.url}/register", json=registration))
         except AtroposApiError as err:
             raise ToolRefused(str(err)) from None
+
+    def _tool_registered(self, registration: dict[str, Any]) -> bool:
+        """Whether the registered run is one a dataset tool made with `registration`'s settings
+        (W&B group and project, batch size, token limit), not a trainer's."""
+        info, wandb = self._get("/info"), self._get("/wandb_info")
+        return (wandb.get("group"), wandb.get("project"), info.get("batch_size"), info.get("max_token_len")) == (
+            registration["wandb_group"], registration["wandb_project"], registration["batch_size"],
+            registration["max_token_len"])
 
     def _reset(self) -> None:
         try:

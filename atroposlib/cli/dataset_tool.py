@@ -77,6 +77,7 @@ class DatasetRun:
     env_ids: Counter = field(default_factory=Counter)
     started: str = field(default_factory=lambda: _now())
     outcome: str = "stopped"
+    best_score: float = float("-inf")
 
     def write_group(self, writer: jsonlines.Writer, tokenizer: Any, group: dict[str, Any]) -> int:
         """Write the rows of `group`; returns how many."""
@@ -89,7 +90,21 @@ class DatasetRun:
         self.counts["rollouts"] += len(group.get("scores") or [])
         self.counts["rows"] += len(rows)
         self.env_ids[str(group.get("env_id"))] += 1
+        scores = list(group.get("scores") or [])
+        if scores:
+            self.best_score = max(self.best_score, max(scores))
+            self.counts["varied_groups"] += max(scores) != min(scores)
         return len(rows)
+
+    def why_no_rows(self) -> str:
+        """Why groups were read but no row was written: the filter that left every rollout out."""
+        if not self.args.allow_negative_scores and self.best_score <= 0:
+            return (f"every rollout scored 0 or less (best {self.best_score:g}) and such rollouts are left out "
+                    "(--allow-negative-scores keeps them)")
+        if self.counts["varied_groups"] == 0 and self.tool.endswith("dpo-gen"):
+            return "no group has rollouts with different scores: a pair needs a better and a worse answer"
+        return (f"no rollout passed --minimum-score-diff-max-min {self.args.minimum_score_diff_max_min:g} "
+                "(lower it to keep more)")
 
 
 def _now() -> str:
@@ -136,6 +151,8 @@ def run(tool: str, args: argparse.Namespace, select_rows: SelectRows, registrati
             output.unlink()  # refused before writing anything: leave no empty file behind
         return 2
     print(f"{tool}: {job.counts['rows']} rows from {job.counts['groups']} groups written to {output}")
+    if job.counts["groups"] and not job.counts["rows"]:
+        print(f"{tool}: no rows: {job.why_no_rows()}", file=sys.stderr)
     return 0
 
 

@@ -4,7 +4,9 @@ Submissions carry a ``submission_id`` so that retries are stored once. A submiss
 API cannot take (transport errors or 5xx after three attempts) goes to the `Spool` and is
 re-sent in order once the API is back; while the spool holds anything, new submissions
 queue behind it. A submission the API refuses (4xx) is written to ``rejected.jsonl`` in
-the spool folder. Nothing is dropped silently.
+the spool folder, except when it refuses the key (401, 403: `ApiKeyRefused`): the data is
+fine, so it is spooled and sent once the process runs with the right key. Nothing is dropped
+silently.
 """
 
 from __future__ import annotations
@@ -39,6 +41,18 @@ class Rejected(Exception):
         super().__init__(f"HTTP {status}: {body[:500]}")
         self.status = status
         self.body = body
+
+
+class ApiKeyRefused(Rejected):
+    """The API refused this process's key (401 or 403): it takes nothing until the key is right."""
+
+    def __init__(self, status: int, body: str, base_url: str) -> None:
+        super().__init__(status, body)
+        self.args = (f"the trajectory API at {base_url} refuses this process's key (HTTP {status}): set "
+                     "ATROPOS_API_KEY to the key run-api was started with (its --api-key or ATROPOS_API_KEY)",)
+
+
+AUTH_FAILURES = (401, 403)
 
 
 def _retryable(exc: BaseException) -> bool:
@@ -85,6 +99,8 @@ class TrajectoryApiClient:
                 response = await self.http.request(method, path, **kwargs)
                 if response.status_code >= 500:
                     response.raise_for_status()
+        if response.status_code in AUTH_FAILURES:
+            raise ApiKeyRefused(response.status_code, response.text, str(self.http.base_url))
         if response.status_code >= 400:
             raise Rejected(response.status_code, response.text)
         return response
@@ -109,6 +125,8 @@ class TrajectoryApiClient:
                 if info.get("batch_size", -1) != -1:
                     return info
                 waiting = f"waiting for the trainer to register at {self.http.base_url}"
+            except ApiKeyRefused:
+                raise  # waiting would not change the key
             except (httpx.HTTPError, Rejected) as exc:
                 waiting = f"waiting for the trajectory API at {self.http.base_url} ({exc or type(exc).__name__})"
             waited = throttle.due()
@@ -152,6 +170,10 @@ class TrajectoryApiClient:
         try:
             await self._request("POST", endpoint, content=body, headers=headers)
             return True
+        except ApiKeyRefused as exc:
+            self.spool.append(endpoint, raw)
+            log.error("%s; submission spooled to %s and sent once the key is right", exc, self.spool.folder)
+            return False
         except Rejected as exc:
             self._record_rejection(endpoint, exc.status, exc.body, raw)
             return False
@@ -175,8 +197,8 @@ class TrajectoryApiClient:
                     response = await self.http.post(endpoint, content=body, headers=headers)
                 except httpx.HTTPError:
                     break
-                if response.status_code >= 500:
-                    break
+                if response.status_code >= 500 or response.status_code in AUTH_FAILURES:
+                    break  # kept: the API is down, or this process's key is wrong
                 if response.status_code >= 400:
                     self._record_rejection(endpoint, response.status_code, response.text, raw)
                 path.unlink()

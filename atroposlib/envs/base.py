@@ -144,9 +144,13 @@ class BaseEnv(ABC):
         return open(path, "a", encoding="utf-8")
 
     def close_jsonl_writer(self) -> None:
+        """Close the groups file; one that holds nothing is removed rather than left empty."""
         if self.jsonl_writer is not None:
             self.jsonl_writer.close()
             self.jsonl_writer = None
+            path = Path(self.config.data_path_to_save_groups)
+            if path.is_file() and path.stat().st_size == 0:
+                path.unlink()
 
     @property
     def derived_batch_size(self) -> int:

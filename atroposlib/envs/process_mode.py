@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 from typing import Any
 
 from tqdm.auto import tqdm
@@ -140,10 +141,12 @@ async def process(env: Any) -> None:
         env.close_jsonl_writer()
         env.wandb.finish()
         await env.server.close()
-        _render(config.data_path_to_save_groups)
+        if Path(config.data_path_to_save_groups).is_file():
+            _render(config.data_path_to_save_groups)
     if written < target:
         log.warning("wrote %d of %d groups: the environment ran out of items", written, target)
-    print(f"wrote {written} groups to {config.data_path_to_save_groups}")
+    print(f"wrote {written} groups to {config.data_path_to_save_groups}" if written else
+          "wrote no groups (no file left behind)")
     _report_rejections(env.skipped)
 
 

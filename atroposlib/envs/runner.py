@@ -105,6 +105,7 @@ def _build_and_run(env_cls: Any, argv: Sequence[str], prog: str) -> None:
     if settings.mode != "serve":
         missing = asyncio.run(env.server.unreachable())
         if len(missing) == len(env.server.servers):
+            env.close_jsonl_writer()  # nothing was written: no empty groups file is left
             print(f"{prog}: no inference server answers at {', '.join(missing)}; "
                   "start one or pass --openai.base_url", file=sys.stderr)
             raise SystemExit(1)

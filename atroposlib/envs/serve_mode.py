@@ -27,7 +27,7 @@ from typing import Any, Optional
 import httpx
 import platformdirs
 
-from atroposlib.envs.api_client import Rejected, TrajectoryApiClient
+from atroposlib.envs.api_client import ApiKeyRefused, Rejected, TrajectoryApiClient
 from atroposlib.envs.serve_report import ServeReport, duration
 from atroposlib.envs.server_handling.sampling_record import recording
 from atroposlib.envs.server_handling.server_manager import ManagedServerUnsupported
@@ -94,7 +94,10 @@ async def start(env: Any) -> None:
     """Set up, wait for the trainer and register with the API."""
     config = env.config
     await env.setup()
-    info = await env.api.wait_for_trainer()
+    try:
+        info = await env.api.wait_for_trainer()
+    except ApiKeyRefused as exc:
+        raise ServeSetupError(str(exc)) from None
     if config.use_wandb:
         wandb_info = await env.api.get_json("/wandb_info")
         if wandb_info.get("project"):

@@ -14,6 +14,8 @@ import httpx
 
 HUB_PROBE_TIMEOUT_S = 5.0
 ENV_FLAG = "--env.tokenizer_name"
+# The option that names the tokenizer of a server that tokenizes itself (server_type vllm, trl).
+TOKENIZER_FLAG = "--openai.tokenizer_name"
 
 
 def fix_hint(flag: str = ENV_FLAG) -> str:

@@ -168,6 +168,20 @@ def test_refuses_to_take_a_registered_trainers_batches(tokenizer_dir: Path, tmp_
         assert httpx.get(api.url + "/status").json()["current_step"] == 1
 
 
+def test_a_second_run_after_an_api_restart_needs_no_force(tokenizer_dir: Path, tmp_path: Path) -> None:
+    groups = make_groups(AutoTokenizer.from_pretrained(str(tokenizer_dir)), count=4, seed=1, size=4)
+    outputs = []
+    for attempt in ("first", "second"):
+        with ApiProcess(tmp_path / "state") as api:  # the second API restores the first one's registration
+            command = [str(BIN / "atropos-sft-gen"), str(tmp_path / f"{attempt}.jsonl"), "--api-url", api.url,
+                       "--tokenizer", str(tokenizer_dir), "--num-seqs-to-save", "1", "--allow-negative-scores",
+                       "--group-size", "4", "--tasks-per-step", "1"]
+            done = collect(command, api, groups[:2], tmp_path)
+            assert done.returncode == 0, done.stderr
+            outputs.append(done.stdout + done.stderr)
+    assert "registered by a dataset tool with these settings" in outputs[1]
+
+
 def test_output_is_checked_before_the_api_is_touched(tokenizer_dir: Path, tmp_path: Path,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     output = tmp_path / "rows.jsonl"
@@ -209,3 +223,20 @@ def test_a_stop_signal_flushes_the_file_and_gives_back_leases(tokenizer_dir: Pat
         assert all(json.loads(line) for line in written)  # whole lines only
         status = httpx.get(api.url + "/status").json()
         assert status["leased_batches"] == 0
+
+
+@pytest.mark.parametrize("tool", [sft, dpo])
+def test_a_run_that_writes_no_rows_says_which_filter_left_everything_out(tool: Any, tokenizer_dir: Path,
+                                                                         tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    groups = make_groups(tokenizer, 3, seed=1, size=4)
+    for group in groups:
+        group["scores"] = [-1.0, -1.0, -0.5, -1.0]  # the quickstart's: every answer wrong
+    source = tmp_path / "groups.jsonl"
+    source.write_text("".join(json.dumps(group) + "\n" for group in groups))
+    with pytest.raises(SystemExit) as ended:
+        tool.main([str(tmp_path / "out.jsonl"), "--from-jsonl", str(source), "--tokenizer", str(tokenizer_dir)])
+    assert ended.value.code == 0
+    err = capsys.readouterr().err
+    assert "no rows: every rollout scored 0 or less (best -0.5)" in err and "--allow-negative-scores" in err

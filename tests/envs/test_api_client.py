@@ -98,3 +98,34 @@ def test_draining_the_spool_keeps_its_deadline_when_the_api_hangs(tmp_path: Path
     assert not drained and elapsed < 5
     ((_, endpoint, body),) = TrajectoryApiClient("http://api", tmp_path / "spool").spool.pending()
     assert json.loads(body)["submission_id"] == "s"
+
+
+def test_a_refused_key_stops_the_wait_and_spools_groups_until_the_key_is_right(tmp_path: Path) -> None:
+    import pytest
+
+    from atroposlib.envs.api_client import ApiKeyRefused
+
+    async def scenario() -> list[float]:
+        app = create_app(ApiSettings(ephemeral=True, validation_workers=0, api_key="right"))
+        async with app.router.lifespan_context(app):
+            def client_with(key: str) -> TrajectoryApiClient:
+                client = TrajectoryApiClient("http://api", tmp_path / "spool")
+                client.http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api",
+                                                headers={"Authorization": f"Bearer {key}"})
+                return client
+
+            wrong, right = client_with("wrong"), client_with("right")
+            with pytest.raises(ApiKeyRefused, match="refuses this process's key .HTTP 401.: set ATROPOS_API_KEY"):
+                await wrong.wait_for_trainer(poll_s=0.01)
+            await right.post_json("/register", registration(4))
+            assert not await wrong.submit("/scored_data", group(4, score=1, submission_id="a"))
+            assert not (tmp_path / "spool" / "rejected.jsonl").exists() and len(wrong.spool) == 1
+            assert await right.submit("/scored_data", group(4, score=2, submission_id="b"))  # re-sends "a" first
+            scores = []
+            while (batch := (await right.get_json("/batch"))["batch"]):
+                scores += [g["scores"][0] for g in batch]
+            await wrong.close()
+            await right.close()
+            return scores
+
+    assert asyncio.run(scenario()) == [1.0, 2.0]

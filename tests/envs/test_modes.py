@@ -49,6 +49,18 @@ def test_process_fails_clearly_without_an_inference_server(tokenizer_dir: Path, 
         "--env.data_path_to_save_groups", str(tmp_path / "g.jsonl")]
     result = subprocess.run(env_command("process", *flags), cwd=tmp_path, capture_output=True, text=True, timeout=180)
     assert result.returncode == 1 and "no inference server answers at http://127.0.0.1:9/v1" in result.stderr
+    assert not list(tmp_path.glob("g*.jsonl")) and not list(tmp_path.glob("g*.html"))  # no empty file left
+
+
+def test_a_base_url_without_v1_still_reaches_the_openai_routes(tokenizer_dir: Path, inference_url: str,
+                                                                tmp_path: Path) -> None:
+    root = inference_url.removesuffix("/v1")
+    flags = common_flags(tokenizer_dir, root, tmp_path) + [
+        "--env.total_steps", "2", "--env.data_path_to_save_groups", str(tmp_path / "g.jsonl")]
+    result = subprocess.run(env_command("process", *flags), cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"base_url {root} has no path: using {root}/v1" in result.stderr and "Traceback" not in result.stderr
+    assert len((tmp_path / "g.jsonl").read_text().splitlines()) == 2
 
 
 def test_unknown_flag_exits_2(tmp_path: Path) -> None:

@@ -54,3 +54,20 @@ def test_process_testing_without_a_reachable_hub_fails_at_once(offline: bool, tm
     (line,) = [line for line in result.stderr.splitlines() if "tokenizer" in line]
     assert "'NousResearch/DeepHermes-3-Llama-3-3B-Preview'" in line and "--env.tokenizer_name" in line
     assert ("HF_HUB_OFFLINE is set" if offline else "cannot be reached") in line
+
+
+@pytest.mark.parametrize("server_type", ["vllm", "trl"])
+def test_a_server_without_a_loadable_tokenizer_names_the_openai_flag(server_type: str,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from huggingface_hub import constants
+
+    from atroposlib.envs.server_handling.configs import APIServerConfig
+    from atroposlib.envs.server_handling.trl_vllm_server import TrlVllmServer
+    from atroposlib.envs.server_handling.vllm_server import VLLMServer
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    config = APIServerConfig(model_name="smollm2", base_url="http://127.0.0.1:9/v1", api_key="x",
+                             server_type=server_type)
+    server_class = VLLMServer if server_type == "vllm" else TrlVllmServer
+    with pytest.raises(TokenizerUnavailable, match="'smollm2' is not in the Hugging Face cache.*--openai.tokenizer_name"):
+        server_class(config)

@@ -32,8 +32,8 @@ def test_process_mode_logs_atropos_metric_names(tokenizer_dir: Path, inference_u
 def test_process_mode_without_a_key_logs_offline_with_one_line(tokenizer_dir: Path, inference_url: str,
                                                                  tmp_path: Path) -> None:
     flags = ["--env.tokenizer_name", str(tokenizer_dir), "--openai.base_url", inference_url,
-             "--openai.model_name", "fake-model", "--env.total_steps", "2",
-             "--env.data_path_to_save_groups", str(tmp_path / "groups.jsonl")]  # process mode turns W&B on
+             "--openai.model_name", "fake-model", "--env.total_steps", "2", "--env.use_wandb", "true",
+             "--env.data_path_to_save_groups", str(tmp_path / "groups.jsonl")]
     environment = {name: value for name, value in os.environ.items()
                    if not name.startswith("WANDB_") and name != "NETRC"}
     environment.update(HOME=str(tmp_path), WANDB_DIR=str(tmp_path), WANDB_SILENT="true")

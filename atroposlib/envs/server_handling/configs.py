@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Literal, Optional
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 ServerType = Literal["openai", "trl", "sglang", "vllm"]
+# Server types whose chat and completion routes are OpenAI's, under /v1 (trl's are at the root).
+OPENAI_ROUTES = ("openai", "vllm", "sglang")
+
+log = logging.getLogger("atroposlib.envs")
 
 
 class ServerBaseline(BaseModel):
@@ -34,6 +40,17 @@ class APIServerConfig(ServerBaseline):
         default=False, description="The server ignores n (completions per request): send n separate requests instead."
     )
     health_check: bool = Field(default=True, description="Probe the server's health in the background.")
+
+    @model_validator(mode="after")
+    def _openai_routes_under_v1(self) -> "APIServerConfig":
+        """A base URL with no path (``http://host:9001``) would send every request to a route
+        the server does not have: OpenAI's routes are under ``/v1``, which is added (once, with
+        a warning)."""
+        if self.server_type in OPENAI_ROUTES and self.base_url and urlsplit(self.base_url).path in ("", "/"):
+            fixed = self.base_url.rstrip("/") + "/v1"
+            log.warning("base_url %s has no path: using %s (OpenAI-style routes live under /v1)", self.base_url, fixed)
+            self.base_url = fixed
+        return self
 
 
 class ServerManagerConfig(BaseModel):

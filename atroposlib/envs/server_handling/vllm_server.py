@@ -24,6 +24,7 @@ from atroposlib.envs.server_handling.openai_server import OpenAIServer
 from atroposlib.envs.server_handling.reasoning import ReasoningConfig
 from atroposlib.envs.server_handling.resolve import resolve_openai_configs
 from atroposlib.envs.server_handling.sampling_record import report_version, version_header
+from atroposlib.envs.tokenizer_loading import TOKENIZER_FLAG, load_tokenizer
 from atroposlib.policy_version import POLICY_VERSION_KEY
 from atroposlib.utils.tokenize_for_trainer import token_ids
 
@@ -48,10 +49,8 @@ class VLLMServer(OpenAIServer):
 
     def __init__(self, config: APIServerConfig, reasoning_config: Optional[ReasoningConfig] = None) -> None:
         super().__init__(config, reasoning_config)
-        from transformers import AutoTokenizer
-
         name = config.model_name if config.tokenizer_name == "none" else config.tokenizer_name
-        self.tokenizer = AutoTokenizer.from_pretrained(name)
+        self.tokenizer = load_tokenizer(name, flag=TOKENIZER_FLAG)
         self.http = httpx.AsyncClient(timeout=config.timeout)
         self.has_generate_route = True
 

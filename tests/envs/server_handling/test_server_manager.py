@@ -82,3 +82,14 @@ def test_reasoning_injection() -> None:
 def test_unknown_backend_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="unknown server_type"):
         ServerManager(APIServerConfig.model_construct(base_url="http://x/v1", server_type="tgi"))
+
+
+def test_a_base_url_without_a_path_gets_openais_v1(caplog: pytest.LogCaptureFixture) -> None:
+    from atroposlib.envs.server_handling.configs import APIServerConfig
+
+    assert APIServerConfig(base_url="http://127.0.0.1:9001").base_url == "http://127.0.0.1:9001/v1"
+    assert "has no path: using http://127.0.0.1:9001/v1" in caplog.text
+    assert APIServerConfig(base_url="http://h:9001/", server_type="vllm").base_url == "http://h:9001/v1"
+    assert APIServerConfig(base_url="http://h:9001/v1").base_url == "http://h:9001/v1"
+    assert APIServerConfig(base_url="http://h:9001/api/v2").base_url == "http://h:9001/api/v2"
+    assert APIServerConfig(base_url="http://h:9001", server_type="trl").base_url == "http://h:9001"
