@@ -11,6 +11,10 @@ Each checkpoint reaches vLLM with its step as the *policy version* the server th
 so every group says which weights sampled it; the trainer logs each batch's staleness (its
 step minus the groups' versions) and registers ``--max-staleness``, beyond which the API
 serves no group (`atroposlib.policy_version`).
+
+Under torchrun (or with ``--world-size``) every process runs `train`; rank 0 alone talks to
+the API and vLLM and hands each batch to the others, and every rank trains its share of it
+(`example_trainer.distributed`).
 """
 
 from __future__ import annotations

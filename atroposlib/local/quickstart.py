@@ -66,7 +66,8 @@ def summarise(jsonl: Path) -> dict[str, float]:
     groups = [json.loads(line) for line in jsonl.read_text().splitlines() if line.strip()]
     scores = [score for group in groups for score in group["scores"]]
     return {"groups": len(groups), "rollouts": len(scores), "mean_score": mean(scores) if scores else 0.0,
-            "percent_correct": sum(s > 0 for s in scores) / len(scores) if scores else 0.0}
+            "percent_correct": sum(s > 0 for s in scores) / len(scores) if scores else 0.0,
+            "groups_with_signal": sum(len(set(group["scores"])) > 1 for group in groups)}
 
 
 def environment_command(server: LocalVLLM, args: argparse.Namespace, data_dir: Path, out: Path) -> list[str]:
@@ -210,6 +211,8 @@ def report(out: Path, stages: Stages, server: LocalVLLM, progress: TokenProgress
     print(f"  logs:     {out.with_suffix('.log')} (process mode), {server.log_path} (vLLM)")
     print(f"  {summary['groups']} groups, {summary['rollouts']} rollouts, mean score {summary['mean_score']:+.3f}, "
           f"{summary['percent_correct']:.1%} correct, {summary['groups'] / process_seconds * 60:.1f} groups/min")
+    print(f"  {summary['groups_with_signal']} of {summary['groups']} groups carry a learning signal (their scores "
+          "differ; a trainer learns nothing from a group whose rollouts all score alike)")
     print(f"  {read_cpu().model_name} ({os.cpu_count()} cores), vLLM dtype {server.dtype.dtype}: "
           f"{progress.job.generated_tokens:,.0f} tokens generated in {progress.seconds:.0f} s, "
           f"{progress.tokens_per_second:.1f} tokens/s")

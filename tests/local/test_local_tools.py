@@ -59,7 +59,8 @@ def test_launch_command_uses_fast_cpu_settings(tmp_path: Path) -> None:
 def test_summary_of_written_groups(tmp_path: Path) -> None:
     out = tmp_path / "groups.jsonl"
     out.write_text("\n".join(json.dumps({"scores": scores}) for scores in ([1.0, -1.0], [-1.0, -1.0])) + "\n")
-    assert summarise(out) == {"groups": 2, "rollouts": 4, "mean_score": -0.5, "percent_correct": 0.25}
+    assert summarise(out) == {"groups": 2, "rollouts": 4, "mean_score": -0.5, "percent_correct": 0.25,
+                              "groups_with_signal": 1}
 
 
 def _fake_runtime(tmp_path: Path) -> Runtime:

@@ -46,6 +46,7 @@ def test_the_summary_names_cpu_dtype_tokens_per_second_and_logs(tmp_path: Path) 
     assert "config dump" not in output
     summary = output[output.index("Done."):]
     assert "3 groups, 6 rollouts, mean score +0.000, 50.0% correct" in summary
+    assert re.search(r"\d of 3 groups carry a learning signal", summary), summary
     assert re.search(r"vLLM dtype float32: [\d,]+ tokens generated in \d+ s, [\d.]+ tokens/s", summary), summary
     logs = re.search(r"logs: +(\S+) \(process mode\), (\S+) \(vLLM\)", summary)
     assert logs and "config dump" in Path(logs[1]).read_text() and "stand-in vLLM" in Path(logs[2]).read_text()
