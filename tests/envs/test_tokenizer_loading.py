@@ -69,5 +69,5 @@ def test_a_server_without_a_loadable_tokenizer_names_the_openai_flag(server_type
     config = APIServerConfig(model_name="smollm2", base_url="http://127.0.0.1:9/v1", api_key="x",
                              server_type=server_type)
     server_class = VLLMServer if server_type == "vllm" else TrlVllmServer
-    with pytest.raises(TokenizerUnavailable, match="'smollm2' is not in the Hugging Face cache.*--openai.tokenizer_name"):
+    with pytest.raises(TokenizerUnavailable, match="'smollm2'.*--openai.tokenizer_name"):
         server_class(config)

@@ -14,12 +14,13 @@ import aiohttp
 from openai.types import Completion, CompletionChoice
 from openai.types.chat import ChatCompletion, ChatCompletionMessage
 from openai.types.chat.chat_completion import Choice
+from transformers import AutoTokenizer
 
 from atroposlib.envs.server_handling.api_server import APIServer
 from atroposlib.envs.server_handling.configs import APIServerConfig
 from atroposlib.envs.server_handling.reasoning import ReasoningConfig
 from atroposlib.envs.server_handling.sampling_record import report_version, version_header
-from atroposlib.envs.tokenizer_loading import TOKENIZER_FLAG, load_tokenizer
+from atroposlib.envs.tokenizer_loading import TOKENIZER_FLAG, TokenizerUnavailable, fix_hint
 
 SAMPLING_DEFAULTS = {"repetition_penalty": 1.0, "temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0,
                      "max_tokens": 1024}
@@ -30,8 +31,12 @@ class TrlVllmServer(APIServer):
 
     def __init__(self, config: APIServerConfig, reasoning_config: Optional[ReasoningConfig] = None) -> None:
         super().__init__(config, reasoning_config)
-        self.tokenizer = load_tokenizer(config.tokenizer_name if config.tokenizer_name != "none" else config.model_name,
-                                        flag=TOKENIZER_FLAG)
+        name = config.tokenizer_name if config.tokenizer_name != "none" else config.model_name
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(name)
+        except OSError as exc:  # transformers' "not found" errors: one line naming the flag
+            raise TokenizerUnavailable(f"cannot load tokenizer {name!r} ({str(exc).splitlines()[0][:200]}); "
+                                       f"{fix_hint(TOKENIZER_FLAG)}") from None
 
     async def _probe_health(self, client: Any) -> bool:
         return True
