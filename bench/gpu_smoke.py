@@ -79,7 +79,7 @@ def check_trainer(model: Path, work: Path, device: str) -> str:
     server = subprocess.Popen([sys.executable, "-m", "tests.fake_openai", "--port", str(port)], cwd=ROOT,
                               stdout=server_log, stderr=subprocess.STDOUT)
     try:
-        with ApiProcess(None).start() as api:
+        with ApiProcess(None) as api:
             post_groups(api.url, STEPS_GROUPS)
             server_url = f"http://127.0.0.1:{port}"
             first = run(trainer_command(model, work, device, api.url, server_url, 2), work / "trainer.log")
