@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import httpx
 
 from atroposlib.local.runtime import Runtime
+from atroposlib.local.token_progress import read_counters
 from atroposlib.local.vllm_service import LocalVLLM, PortInUseError, VLLMStartError
 
 if TYPE_CHECKING:
@@ -239,15 +240,8 @@ class TrainerVLLM:
     def generated_tokens(self) -> Optional[float]:
         """The tokens the server has generated since it started (vLLM's Prometheus counter
         ``vllm:generation_tokens_total``); None when it has no ``/metrics`` or does not answer."""
-        try:
-            response = httpx.get(f"{_root(self.port)}/metrics", timeout=5)
-        except httpx.HTTPError:
-            return None
-        if response.status_code != 200:
-            return None
-        counts = [float(line.rsplit(" ", 1)[1]) for line in response.text.splitlines()
-                  if line.startswith("vllm:generation_tokens_total")]
-        return sum(counts) if counts else None
+        counters = read_counters(_root(self.port), timeout=5)
+        return None if counters is None else counters.generated_tokens
 
     def is_running(self) -> bool:
         return self.server is not None and self.server.process is not None and self.server.process.poll() is None
