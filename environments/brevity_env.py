@@ -17,6 +17,7 @@ from typing import Optional
 
 from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig, ScoredDataGroup
 from atroposlib.type_definitions import Item
+from atroposlib.utils.length_penalty import length_overrun
 
 TOPICS = ["the sea", "grass", "bread", "snow", "a banana", "the moon", "coffee", "a tomato",
           "rain clouds", "a lemon", "charcoal", "milk", "a carrot", "the sky", "sand", "a plum"]
@@ -54,8 +55,7 @@ class BrevityEnv(BaseEnv):
             group["masks"].append(node.masked_tokens)
             group["inference_logprobs"].append(node.logprobs)
             group["messages"].append(prompt + [{"role": "assistant", "content": choice.message.content}])
-            group["scores"].append(1.0 - min(completion_tokens, self.config.max_token_length)
-                                   / self.config.max_token_length)
+            group["scores"].append(1.0 - length_overrun(completion_tokens, self.config.max_token_length, 0.0))
         self.mean_scores.append(sum(group["scores"]) / len(group["scores"]))
         if self.config.ensure_scores_are_not_same and len(set(group["scores"])) == 1:
             return None, []

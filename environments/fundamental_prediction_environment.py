@@ -46,6 +46,7 @@ from atroposlib.envs.base import (
     ScoredDataGroup,
 )
 from atroposlib.envs.local_data import load_rows
+from atroposlib.utils.reasoning_text import text_after_single_think_block
 
 system_prompt = (
     "You are a careful financial analyst. Before giving a prediction, reason through the evidence step "
@@ -95,10 +96,8 @@ def magnitude_score(predicted, expected) -> float:
 
 def extract_prediction(text: str, fundamental_metric: str) -> Tuple[Optional[str], Optional[str]]:
     """(direction, magnitude) stated once after a single think block, else (None, None)."""
-    if len(re.findall(r"<think>", text, re.IGNORECASE)) != 1 or len(re.findall(r"</think>", text, re.IGNORECASE)) != 1:
-        return None, None
-    thinking, answer = re.split(r"</think>", text, maxsplit=1, flags=re.IGNORECASE)
-    if "<think>" not in thinking.lower():
+    answer = text_after_single_think_block(text)
+    if answer is None:
         return None, None
     statement = re.compile(
         rf"The {re.escape(fundamental_metric)} will be:\s*(maintained|raised|reduced)\s*and\s*the\s*magnitude"

@@ -21,12 +21,13 @@ import random
 import time
 from typing import Optional
 
-from math_verify import LatexExtractionConfig, parse, verify
-from latex2sympy2_extended import NormalizationConfig
 from pydantic import Field
 
 from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig, ScoredDataGroup
 from atroposlib.envs.local_data import load_rows
+from atroposlib.utils.length_penalty import length_scaled_score
+from atroposlib.utils.math_answers import check_math_answer
+from atroposlib.utils.reasoning_text import text_after_thinking
 
 SYSTEM_PROMPT = (
     "You are a deep thinking AI. You may use extremely long chains of thought to deeply consider the problem "
@@ -56,14 +57,7 @@ def gold_answer(answer_field: str) -> str:
 
 def answer_is_correct(completion: str, gold: str) -> bool:
     """Whether the text after ``</think>`` states the gold answer (checked by math-verify)."""
-    gold_parsed = parse(f"\\boxed{{{gold}}}", extraction_mode="first_match",
-                        extraction_config=[LatexExtractionConfig()])
-    answer = completion.split("</think>")[-1]
-    answer_parsed = parse(answer, extraction_mode="first_match", extraction_config=[LatexExtractionConfig(
-        normalization_config=NormalizationConfig(nits=False, malformed_operators=False, basic_latex=True,
-                                                 boxed="all", units=True),
-        boxed_match_priority=0, try_extract_without_anchor=False)])
-    return bool(gold_parsed) and bool(answer_parsed) and verify(answer_parsed, gold_parsed)
+    return check_math_answer(gold, text_after_thinking(completion)) is True
 
 
 def _usable(rollout: dict) -> bool:
@@ -166,12 +160,8 @@ class GSM8kEnv(BaseEnv):
 
     def _apply_length_penalty(self, group: ScoredDataGroup) -> None:
         """All correct: keep 1.0 up to half the token budget, then fall linearly to 0."""
-        threshold = self.config.max_token_length * 0.5
-        span = max(1.0, self.config.max_token_length - threshold)
-        group["scores"] = [
-            1.0 if len(tokens) <= threshold else 1.0 - min(1.0, (len(tokens) - threshold) / span)
-            for tokens in group["tokens"]
-        ]
+        group["scores"] = [length_scaled_score(score, len(tokens), self.config.max_token_length, 0.5)
+                           for score, tokens in zip(group["scores"], group["tokens"])]
 
     async def rollout_and_score_eval(self, problem: dict) -> dict:
         completion = await self.server.chat_completion(

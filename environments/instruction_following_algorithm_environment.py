@@ -58,6 +58,8 @@ from atroposlib.envs.base import (
     ScoredDataGroup,
 )
 from atroposlib.envs.local_data import load_rows
+from atroposlib.utils.length_penalty import length_scaled_score
+from atroposlib.utils.reasoning_text import text_after_single_think_block
 
 log = logging.getLogger(__name__)
 DetectorFactory.seed = 0  # langdetect is randomised: the same text must always get the same verdict
@@ -276,21 +278,13 @@ class InstructionFollowingEnv(BaseEnv):
         }
 
     # -- scoring -------------------------------------------------------------------------------
-    @staticmethod
-    def response_after_thinking(text: str) -> Optional[str]:
-        """The response after a single, well-placed think block; None if the format is broken."""
-        opens = list(re.finditer(r"<think>", text, re.IGNORECASE))
-        closes = list(re.finditer(r"</think>", text, re.IGNORECASE))
-        if len(opens) != 1 or len(closes) != 1 or opens[0].start() >= closes[0].start():
-            return None
-        return text[closes[0].end():].strip()
-
     def score_response(self, text: str, func_name: str, args: Dict[str, Any]) -> float:
         """1.0 when the response (after its think block) meets the constraint, else 0.0."""
-        response = self.response_after_thinking(text)
+        response = text_after_single_think_block(text)
         verifier = IF_FUNCTIONS_MAP.get(func_name)
         if response is None or verifier is None:
             return 0.0
+        response = response.strip()
         accepted = [name for name in inspect.signature(verifier).parameters if name != "text"]
         try:
             result = verifier(response, **{name: args[name] for name in accepted if args.get(name) is not None})
@@ -358,17 +352,12 @@ class InstructionFollowingEnv(BaseEnv):
             return None
         self.percent_correct_buffer.extend(group["scores"])
         if all(score == 1.0 for score in group["scores"]):
-            group["scores"] = self._length_penalised([len(tokens) for tokens in group["tokens"]])
+            # 1.0 up to 75 % of max_token_length, then falling linearly to 0 at the limit
+            group["scores"] = [length_scaled_score(score, len(tokens), self.config.max_token_length, 0.75)
+                               for score, tokens in zip(group["scores"], group["tokens"])]
         if len(group["scores"]) > 1 and len(set(group["scores"])) == 1:
             return None
         return group
-
-    def _length_penalised(self, lengths: List[int]) -> List[float]:
-        """1.0 up to 75 % of max_token_length, then falling linearly to 0 at the limit."""
-        limit = self.config.max_token_length
-        threshold = 0.75 * limit
-        return [1.0 if length <= threshold else 1.0 - min(1.0, (length - threshold) / (limit - threshold))
-                for length in lengths]
 
     def _handle_item_result(self, item, average: float, scores: List[float]) -> None:
         """Take a solved item out of circulation; put an unsolved one back at the end."""

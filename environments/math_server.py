@@ -50,8 +50,6 @@ from difflib import SequenceMatcher
 from typing import Dict, List, Optional, Tuple
 
 from datasets import Dataset, load_dataset
-from latex2sympy2_extended import NormalizationConfig
-from math_verify import LatexExtractionConfig, parse, verify
 from pydantic import Field
 
 from atroposlib.envs.base import (
@@ -62,6 +60,8 @@ from atroposlib.envs.base import (
     ScoredDataGroup,
 )
 from atroposlib.envs.local_data import load_rows
+from atroposlib.utils.math_answers import as_boxed, check_math_answer
+from atroposlib.utils.reasoning_text import text_after_thinking
 
 system_prompt = (
     "Work through the problem carefully before you answer. Reason step by step, for as long as you "
@@ -134,47 +134,14 @@ class RSConfig(BaseEnvConfig):
     )
 
 
-def score_answer(gold: str, response: str) -> Optional[bool]:
-    """Whether `response` states the answer in `gold` (math-verify); None when undecidable.
-
-    Runs in a worker process: math-verify's time limits rely on signals of a main thread.
-    """
-    try:
-        gold_parsed = parse(gold, extraction_mode="first_match", extraction_config=[LatexExtractionConfig()])
-    except Exception:
-        return None
-    if not gold_parsed:
-        return None
-    try:
-        answer_parsed = parse(
-            response,
-            extraction_mode="first_match",
-            extraction_config=[LatexExtractionConfig(
-                normalization_config=NormalizationConfig(
-                    nits=False, malformed_operators=False, basic_latex=True, boxed="all", units=True,
-                ),
-                boxed_match_priority=0,
-                try_extract_without_anchor=False,
-            )],
-        )
-        return bool(verify(answer_parsed, gold_parsed))
-    except Exception:
-        return None
-
-
-def boxed_gold(answer: str) -> str:
-    """The gold answer as math-verify expects it: inside ``\\boxed{}``."""
-    return answer if "\\boxed" in answer else "\\boxed{" + answer + "}"
-
-
-def after_thinking(text: Optional[str]) -> str:
-    """The part of a response after its last ``</think>``."""
-    return (text or "").split("</think>")[-1]
+# Atropos's name for the scoring function (`_score` runs it in a worker process, because
+# math-verify's time limits rely on signals of a main thread).
+score_answer = check_math_answer
 
 
 def boxed_choice(text: Optional[str]) -> str:
     """The content of the last ``\\boxed{...}`` after the thinking ('' without one)."""
-    found = re.findall(r"\\boxed\{([^{}]*)\}", after_thinking(text))
+    found = re.findall(r"\\boxed\{([^{}]*)\}", text_after_thinking(text))
     return found[-1].strip() if found else ""
 
 
@@ -271,7 +238,7 @@ class MathEnv(BaseEnv):
             row = self.train[self.iter % len(self.train)]
             self.iter += 1
             if isinstance(row.get("final_answer"), str) and row.get("question"):
-                return {"kind": "normal", "problem": row["question"], "gold": boxed_gold(row["final_answer"])}
+                return {"kind": "normal", "problem": row["question"], "gold": as_boxed(row["final_answer"])}
         raise RuntimeError("no DeepMath row has both a question and a final_answer")
 
     # -- helpers ------------------------------------------------------------------------------
@@ -391,7 +358,7 @@ class MathEnv(BaseEnv):
         async def judged(rollout: dict) -> Optional[bool]:
             if rollout["finish_reason"] == "length":
                 return False
-            return await self._score(gold, after_thinking(rollout["text"]))
+            return await self._score(gold, text_after_thinking(rollout["text"]))
 
         verdicts = await asyncio.gather(*(judged(rollout) for rollout in rollouts))
         if any(correct is None for correct in verdicts):  # the gold answer does not parse: nothing can be scored
@@ -419,7 +386,7 @@ class MathEnv(BaseEnv):
     @staticmethod
     def _most_dissimilar(group: ScoredDataGroup) -> Optional[Tuple[Tuple[int, int], float]]:
         """The two rollouts whose final answers differ most, if they differ enough."""
-        answers = [after_thinking(messages[-1]["content"]) for messages in group["messages"]]
+        answers = [text_after_thinking(messages[-1]["content"]) for messages in group["messages"]]
         best, lowest = None, 1.0
         for i in range(len(answers)):
             for j in range(i + 1, len(answers)):
@@ -438,12 +405,12 @@ class MathEnv(BaseEnv):
         if right is None or wrong is None:
             return []
         return [{"kind": "judge", "problem": item["problem"], "gold": item["gold"],
-                 "solution": after_thinking(group["messages"][k][-1]["content"]), "verdict": verdict}
+                 "solution": text_after_thinking(group["messages"][k][-1]["content"]), "verdict": verdict}
                 for k, verdict in ((right, "True"), (wrong, "False"))]
 
     async def collect_trajectories_rlaif(self, item):
         first, second = item["pair"]
-        answers = [after_thinking(rollout["messages"][-1]["content"]) for rollout in (first, second)]
+        answers = [text_after_thinking(rollout["messages"][-1]["content"]) for rollout in (first, second)]
         forward = self._chat(PREFERENCE_PROMPT.format(problem=item["problem"], solution1=answers[0], solution2=answers[1]))
         swapped = self._chat(PREFERENCE_PROMPT.format(problem=item["problem"], solution1=answers[1], solution2=answers[0]))
         votes_forward, votes_swapped = await asyncio.gather(
@@ -502,13 +469,13 @@ class MathEnv(BaseEnv):
         """Retries of the problem prompted with a critique of a wrong solution: the share
         that reach the gold answer, and a selfcorrect item when their scores differ."""
         chat = self._chat(RETRY_PROMPT.format(problem=item["problem"], solution=item["solution"],
-                                              verification=after_thinking(review)))
+                                              verification=text_after_thinking(review)))
         retries = await self._sample(chat, self.config.group_size, self._room_left(chat))
 
         async def outcome(retry: dict) -> Optional[bool]:
             if retry["finish_reason"] == "length":
                 return None
-            return bool(await self._score(item["gold"], after_thinking(retry["text"])))
+            return bool(await self._score(item["gold"], text_after_thinking(retry["text"])))
 
         outcomes = await asyncio.gather(*(outcome(retry) for retry in retries))
         successes = [1.0 if correct else 0.0 for correct in outcomes]
@@ -533,7 +500,7 @@ class MathEnv(BaseEnv):
             messages=self._chat(problem), n=1, max_tokens=EVAL_MAX_TOKENS, temperature=0.0, split="eval",
         )
         text = completion.choices[0].message.content or ""
-        correct = await self._score(boxed_gold(answer), after_thinking(text))
+        correct = await self._score(answer, text_after_thinking(text))
         return {"subset": subset, "question": problem, "gold_answer": answer, "response": text,
                 "score": 1.0 if correct else 0.0, "correct": bool(correct),
                 "finish_reason": completion.choices[0].finish_reason}

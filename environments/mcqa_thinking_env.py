@@ -40,6 +40,7 @@ from atroposlib.envs.base import (
     ScoredDataGroup,
 )
 from atroposlib.envs.local_data import load_rows
+from atroposlib.utils.reasoning_text import text_after_single_think_block
 from atroposlib.utils.tokenize_for_trainer import tokenize_for_trainer
 
 system_prompt = (
@@ -73,10 +74,8 @@ def extract_mcqa_answer(text: str, ground_truth_text: str, ground_truth_letter: 
     """The letter the response commits to, or None when the format is broken: not exactly
     one ``<think>`` before exactly one ``</think>``, or not exactly one answer statement
     after it."""
-    if len(re.findall(r"<think>", text, re.IGNORECASE)) != 1 or len(re.findall(r"</think>", text, re.IGNORECASE)) != 1:
-        return None
-    thinking, answer = re.split(r"</think>", text, maxsplit=1, flags=re.IGNORECASE)
-    if "<think>" not in thinking.lower():
+    answer = text_after_single_think_block(text)
+    if answer is None:
         return None
     statements = [(m.start(), m.end(), m.group(1)) for m in _LETTER_STATEMENT.finditer(answer)]
     statements += [(m.start(), m.end(), m.group(1)) for m in _BOXED_LETTER.finditer(answer)]

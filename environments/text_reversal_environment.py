@@ -41,6 +41,7 @@ from atroposlib.envs.base import (
     ScoredDataGroup,
 )
 from atroposlib.envs.local_data import load_rows
+from atroposlib.utils.reasoning_text import text_after_single_think_block, text_after_thinking, thinking_content
 from atroposlib.utils.tokenize_for_trainer import tokenize_for_trainer
 
 log = logging.getLogger(__name__)
@@ -184,9 +185,9 @@ class TextReversalEnv(BaseEnv):
         mode), or None when the format is not met."""
         response = response or ""
         if self.config.thinking_mode:
-            if response.count("<think>") != 1 or response.count("</think>") != 1:
+            response = text_after_single_think_block(response)
+            if response is None:
                 return None
-            response = response.split("</think>", 1)[1]
         blocks = re.findall(r"<reversed_text>\s*(.*?)\s*</reversed_text>", response, re.DOTALL)
         return blocks[0].strip() if len(blocks) == 1 else None
 
@@ -276,9 +277,9 @@ class TextReversalEnv(BaseEnv):
             "thinking_mode": self.config.thinking_mode, "format_compliant": extracted is not None,
         }
         if self.config.thinking_mode:
-            thinking = re.search(r"<think>(.*?)</think>", response, re.DOTALL)
-            sample["response_after_think"] = response.split("</think>")[-1].strip()
-            sample["thinking_content"] = thinking.group(1).strip() if thinking else None
+            thinking = thinking_content(response)
+            sample["response_after_think"] = text_after_thinking(response).strip()
+            sample["thinking_content"] = thinking.strip() if thinking is not None else None
         return sample
 
     async def evaluate(self, *args, **kwargs):

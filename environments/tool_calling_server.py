@@ -48,6 +48,7 @@ from pydantic import Field
 
 from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig, EvalHandlingEnum, Item, ScoredDataGroup
 from atroposlib.envs.local_data import load_rows
+from atroposlib.utils.length_penalty import length_scaled_score
 from atroposlib.utils.tokenize_for_trainer import tokenize_for_trainer
 
 system_prompt = (
@@ -245,21 +246,15 @@ class SingleToolCallingEnv(BaseEnv):
             return None
         self.percent_correct_buffer.extend(max(score, 0.0) for score in group["scores"])
         if all(score == 1.0 for score in group["scores"]):
-            group["scores"] = [self._length_scaled(len(tokens)) for tokens in group["tokens"]]
+            # 1.0 up to half of max_token_length, then linearly down to 0.0 at max_token_length
+            group["scores"] = [length_scaled_score(score, len(tokens), self.config.max_token_length, 0.5)
+                               for score, tokens in zip(group["scores"], group["tokens"])]
         if all(score == group["scores"][0] for score in group["scores"]):
             logger.info("group left out: all %d answers scored %g (%s), so it carries no learning signal",
                         len(group["scores"]), group["scores"][0],
                         "every tool call right" if group["scores"][0] > 0 else "no tool call matched the gold calls")
             return None
         return group
-
-    def _length_scaled(self, length: int) -> float:
-        """1.0 up to half of max_token_length, then linearly down to 0.0 at max_token_length."""
-        limit = self.config.max_token_length
-        threshold = limit * 0.5
-        if length <= threshold:
-            return 1.0
-        return 1.0 - min((length - threshold) / (limit - threshold), 1.0)
 
     async def rollout_and_score_eval(self, test_item) -> Dict[str, Any]:
         system, human, gpt = split_conversation(test_item["conversations"])

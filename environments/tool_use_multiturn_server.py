@@ -73,6 +73,7 @@ from pydantic import Field
 
 from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig, EvalHandlingEnum, Item, ScoredDataGroup
 from atroposlib.envs.local_data import load_rows
+from atroposlib.utils.length_penalty import length_overrun
 from atroposlib.utils.tokenize_for_trainer import tokenize_for_trainer
 
 logger = logging.getLogger(__name__)
@@ -719,11 +720,9 @@ class MultiTurnToolCallingEnv(BaseEnv):
             if self.config.include_messages:
                 group["messages"].append(tokenized["messages"])
         if group["scores"] and all(score > 0.99 for score in group["scores"]):
-            cutoff = self.config.max_token_length * 0.5
-            for i, tokens in enumerate(group["tokens"]):
-                if len(tokens) > cutoff:
-                    over = min((len(tokens) - cutoff) / (self.config.max_token_length - cutoff), 1.0)
-                    group["scores"][i] = max(0.0, group["scores"][i] - over)
+            # subtracted, not scaled: the same overrun costs every episode the same, bonus or not
+            group["scores"] = [max(0.0, score - length_overrun(len(tokens), self.config.max_token_length, 0.5))
+                               for score, tokens in zip(group["scores"], group["tokens"])]
         for score in group["scores"]:
             self.raw_score_buffer.append(score)
             self.percent_correct_buffer.append(1.0 if score >= 1.0 else 0.0)

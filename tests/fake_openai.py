@@ -27,14 +27,16 @@ from fastapi.responses import JSONResponse
 LATENCY_S = 0.0
 API_KEY: Optional[str] = None
 POST_IN_FLIGHT = 0  # POST requests being answered now: tests wait for work to be in flight
+FIRST_POST_AT: Optional[float] = None  # wall-clock time of the first POST: start-up benchmarks read it
 app = FastAPI()
 
 
 @app.middleware("http")
 async def count_in_flight(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-    global POST_IN_FLIGHT
+    global POST_IN_FLIGHT, FIRST_POST_AT
     if request.method != "POST":
         return await call_next(request)
+    FIRST_POST_AT = FIRST_POST_AT or time.time()
     POST_IN_FLIGHT += 1
     try:
         return await call_next(request)
@@ -50,8 +52,16 @@ async def require_key(request: Request, call_next: Callable[[Request], Awaitable
 
 
 @app.get("/stats")
-async def stats() -> dict[str, int]:
-    return {"in_flight": POST_IN_FLIGHT}
+async def stats() -> dict[str, Optional[float]]:
+    return {"in_flight": POST_IN_FLIGHT, "first_post_at": FIRST_POST_AT}
+
+
+@app.post("/stats/reset")
+async def reset_stats() -> dict[str, str]:
+    """Forget the first POST's time (this request itself does not count)."""
+    global FIRST_POST_AT
+    FIRST_POST_AT = None
+    return {"status": "ok"}
 
 
 def _answer(prompt: str, index: int) -> str:

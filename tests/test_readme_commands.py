@@ -224,7 +224,7 @@ def _reference_python() -> None:
                  {"bench/jsonl2html.py": "bench/jsonl2html.py --groups 20 --rollouts 2"},
                  "time ratio (reference / this project)", id="bench-jsonl2html"),
     pytest.param("bench-process", ".venv/bin/python bench/process_throughput.py",
-                 {"bench/process_throughput.py": "bench/process_throughput.py --groups 2 --latency 0"},
+                 {"--groups 128 --latency 0.2": "--groups 2 --latency 0 --repeats 1"},
                  "speed-up:", id="bench-process"),
 ])
 def test_the_benchmark_runs_scaled_down(name: str, start: str, replace: dict[str, str], result: str,

@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import statistics
+import threading
 import time
 import uuid
 from abc import ABC, abstractmethod
@@ -32,7 +33,7 @@ from atroposlib.envs.server_handling.reasoning import ReasoningConfig
 from atroposlib.envs.server_handling.sampling_record import current_record
 from atroposlib.envs.server_handling.server_manager import ServerManager
 from atroposlib.envs.chat_template_ids import keep_transformers4_chat_ids
-from atroposlib.envs.tokenizer_loading import load_tokenizer
+from atroposlib.envs.tokenizer_loading import found_locally, load_tokenizer
 from atroposlib.envs.types import EvalHandlingEnum, ScoredDataGroup, ScoredDataItem
 from atroposlib.envs.wandb_logging import WandbRun
 from atroposlib.type_definitions import Item
@@ -87,8 +88,10 @@ class BaseEnv(ABC):
             max_n_completions=manager.max_n_completions, proxy_url=manager.proxy_url,
             reasoning_config=ReasoningConfig.from_env_config(config),
         )
-        # environment files of Atropos's era expect transformers 4's token-id lists from chat templates
-        self.tokenizer = keep_transformers4_chat_ids(load_tokenizer(config.tokenizer_name))
+        self._tokenizer: Any = None
+        self._tokenizer_lock = threading.Lock()
+        if not found_locally(config.tokenizer_name):
+            self.tokenizer  # downloads it now, or says in one line why it cannot
         self.workers: set[asyncio.Task[Any]] = set()
         self.eval_workers: set[asyncio.Task[Any]] = set()
         self.backlog: list[Item] = []
@@ -123,6 +126,35 @@ class BaseEnv(ABC):
         self.wandb = WandbRun()
         self.max_num_workers = self.resolved_max_num_workers()
         self.jsonl_writer = self._open_jsonl_writer()
+
+    @property
+    def tokenizer(self) -> Any:
+        """The tokenizer named by ``tokenizer_name``, loaded at first use or in the background
+        (`start_loading_tokenizer`): importing transformers takes seconds on a small CPU, and
+        the first inference requests need not wait for it."""
+        if self._tokenizer is None:
+            with self._tokenizer_lock:
+                if self._tokenizer is None:
+                    # environment files of Atropos's era expect transformers 4's token-id lists
+                    self._tokenizer = keep_transformers4_chat_ids(load_tokenizer(self.config.tokenizer_name))
+        return self._tokenizer
+
+    def start_loading_tokenizer(self) -> None:
+        """Load the tokenizer in a thread while the first requests are out; a failure there is
+        left for the first use to raise, where the run reports it."""
+
+        def load() -> None:
+            try:
+                self.tokenizer
+            except Exception:
+                pass
+
+        if self._tokenizer is None:
+            threading.Thread(target=load, name="tokenizer-loader", daemon=True).start()
+
+    @tokenizer.setter
+    def tokenizer(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
 
     # -- configuration ---------------------------------------------------------------------
     @classmethod

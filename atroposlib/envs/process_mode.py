@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 from atroposlib.envs.accept import DROP_EXPLANATIONS
 from atroposlib.envs.server_handling.sampling_record import recording
 from atroposlib.envs.server_handling.server_manager import ManagedServerUnsupported
+from atroposlib.envs.tokenizer_loading import TokenizerUnavailable
 from atroposlib.envs.wandb_logging import run_name
 from atroposlib.frontend.jsonl2html import generate_html
 
@@ -83,7 +84,7 @@ async def _one_group(env: Any, item: Any) -> int:
             kept = await env.handle_send_to_api(result, item, do_send_to_api=False,
                                                 abort_on_any_max_length_exceeded=False)
             return len(kept)
-    except ManagedServerUnsupported:
+    except (ManagedServerUnsupported, TokenizerUnavailable):
         raise  # a configuration error: every group would fail the same way
     except Exception:
         log.exception("a group failed")
@@ -101,6 +102,7 @@ async def process(env: Any) -> None:
     env.group_size_to_process = config.group_size
     concurrency = config.process_concurrency if config.process_concurrency > 0 else max(1, env.max_num_workers)
     await env.setup()
+    env.start_loading_tokenizer()
     if config.use_wandb:
         env.wandb.start(None, None, run_name(env.name), config.model_dump(mode="json"))
     written = in_a_row = 0

@@ -96,9 +96,6 @@ def _build_and_run(env_cls: Any, argv: Sequence[str], prog: str) -> None:
         _warn_about_local_servers(settings)
     try:
         env = build_env(env_cls, settings)
-    except TokenizerUnavailable as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
-        raise SystemExit(1) from None
     except SlurmDiscoveryError as exc:
         print(f"{prog}: --slurm: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -129,7 +126,7 @@ def main(env_cls: Any, argv: Optional[Sequence[str]] = None) -> None:
         signal.signal(signal.SIGTERM, _interrupt)
     try:
         _build_and_run(env_cls, sys.argv[1:] if argv is None else argv, prog)
-    except ServeSetupError as exc:
+    except (ServeSetupError, TokenizerUnavailable) as exc:  # the tokenizer loads at first use
         print(f"{prog}: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
     except ManagedServerUnsupported as exc:

@@ -32,6 +32,7 @@ from atroposlib.envs.serve_report import ServeReport, duration
 from atroposlib.envs.server_handling.sampling_record import recording
 from atroposlib.envs.server_handling.server_manager import ManagedServerUnsupported
 from atroposlib.envs.stopping import StopRequest
+from atroposlib.envs.tokenizer_loading import TokenizerUnavailable
 from atroposlib.envs.types import EvalHandlingEnum
 from atroposlib.envs.wandb_logging import run_name
 
@@ -94,6 +95,7 @@ async def start(env: Any) -> None:
     """Set up, wait for the trainer and register with the API."""
     config = env.config
     await env.setup()
+    env.start_loading_tokenizer()
     try:
         info = await env.api.wait_for_trainer()
     except ApiKeyRefused as exc:
@@ -214,7 +216,7 @@ async def _collect_and_send(env: Any, key: str, item: Any) -> None:
             result = await env.postprocess_histories(result)
     except asyncio.CancelledError:
         raise
-    except ManagedServerUnsupported as exc:
+    except (ManagedServerUnsupported, TokenizerUnavailable) as exc:
         env.fatal_error = exc  # the main loop stops the run with it
         result = None
     except Exception:
@@ -229,6 +231,8 @@ async def _collect_and_send(env: Any, key: str, item: Any) -> None:
         if result is not None:
             await env.handle_send_to_api(result, item)
             env.last_completed_item = item
+    except TokenizerUnavailable as exc:
+        env.fatal_error = exc
     except Exception:
         log.exception("sending a group failed")
     finally:

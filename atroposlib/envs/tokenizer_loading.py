@@ -3,6 +3,7 @@
 A folder is loaded as it is. A Hugging Face id is looked up in the local cache first
 (which works offline); only when it is not cached is the hub asked, after a quick check
 that it answers, so an offline machine fails at once instead of after a minute of retries.
+Local files load through `tokenizer_class_memo` (AutoTokenizer's choice, remembered).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 import httpx
+
+from atroposlib.envs.tokenizer_class_memo import load_with_memo, local_file
 
 HUB_PROBE_TIMEOUT_S = 5.0
 ENV_FLAG = "--env.tokenizer_name"
@@ -48,22 +51,27 @@ def _hub_problem(endpoint: str) -> Optional[str]:
     return None
 
 
+def found_locally(name: str) -> bool:
+    """Whether tokenizer `name` has its files on this machine (a folder, or the Hugging Face
+    cache), known without importing transformers."""
+    return local_file(name, "tokenizer_config.json") is not None
+
+
 def load_tokenizer(name: str, flag: str = ENV_FLAG) -> Any:
     """The tokenizer `name` (a folder or a Hugging Face id); raises `TokenizerUnavailable`,
     whose message names `flag`, the option that chose it."""
     from huggingface_hub import constants
-    from transformers import AutoTokenizer
 
     folder = Path(name).expanduser()
     if folder.exists():
         try:
-            return AutoTokenizer.from_pretrained(str(folder))
+            return load_with_memo(str(folder))
         except Exception as exc:
             raise TokenizerUnavailable(f"cannot load the tokenizer in {folder}: {_first_line(exc)}") from None
     if looks_like_a_path(name):
         raise TokenizerUnavailable(f"no tokenizer folder at {name}; {fix_hint(flag)}")
     try:
-        return AutoTokenizer.from_pretrained(name, local_files_only=True)
+        return load_with_memo(name, local_files_only=True)
     except Exception:
         pass  # not cached: ask the hub below
     if constants.HF_HUB_OFFLINE:
@@ -73,6 +81,8 @@ def load_tokenizer(name: str, flag: str = ENV_FLAG) -> Any:
     if problem is not None:
         raise TokenizerUnavailable(f"cannot load tokenizer {name!r}: it is not in the Hugging Face cache and "
                                    f"{constants.ENDPOINT} cannot be reached ({problem}); {fix_hint(flag)}")
+    from transformers import AutoTokenizer
+
     try:
         return AutoTokenizer.from_pretrained(name)
     except Exception as exc:

@@ -25,6 +25,8 @@ from typing import Any, Callable, Optional
 
 import yaml
 
+from atroposlib.utils.reasoning_text import text_after_single_think_block
+
 Check = Callable[[str], Optional[str]]
 DOTALL_I = re.DOTALL | re.IGNORECASE
 
@@ -554,17 +556,7 @@ def spec_of(answer_format: "AnswerFormat") -> FormatSpec:
     return FORMAT_SPECS[answer_format.value]
 
 
-def response_section(text: str) -> Optional[str]:
-    """The text after the single ``</think>``, or None when the thinking block is malformed:
-    not exactly one ``<think>`` and one ``</think>``, or the closing tag first."""
-    opens = [m.start() for m in re.finditer(r"<think>", text, re.IGNORECASE)]
-    closes = [m.end() for m in re.finditer(r"</think>", text, re.IGNORECASE)]
-    if len(opens) != 1 or len(closes) != 1 or closes[0] < opens[0]:
-        return None
-    return text[closes[0]:]
-
-
 def extract_answer(text: str, answer_format: "AnswerFormat") -> Optional[str]:
     """The answer `text` gives in `answer_format` after its thinking, or None if the rules are broken."""
-    section = response_section(text)
+    section = text_after_single_think_block(text)
     return None if section is None else spec_of(answer_format).check(section)

@@ -33,15 +33,22 @@ from concurrent.futures import ProcessPoolExecutor
 from string import ascii_uppercase
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
+from atroposlib.utils.reasoning_text import (
+    THINK_CLOSE,
+    THINK_OPEN,
+    text_after_single_think_block,
+    text_after_thinking,
+    thinking_content,
+)
+
 try:
-    from latex2sympy2_extended import NormalizationConfig
-    from math_verify import LatexExtractionConfig, parse, verify
     from math_verify.errors import TimeoutException
+
+    from atroposlib.utils.math_answers import answer_matches_gold, as_boxed, parse_answer, parse_gold
 
     MATH_VERIFY_AVAILABLE = True
 except ImportError:  # math-verify is a core dependency; the string comparison is the fallback
     MATH_VERIFY_AVAILABLE = False
-    NormalizationConfig = LatexExtractionConfig = parse = verify = None  # type: ignore[assignment]
     TimeoutException = Exception  # type: ignore[assignment,misc]
 
 # -- reasoning prompts ----------------------------------------------------------------------
@@ -63,8 +70,10 @@ HERMES_REASONING_PROMPT_WITH_ANSWER = (
 # -- patterns -------------------------------------------------------------------------------
 
 ANSWER_TAG_PATTERN = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
-THINK_OPEN_PATTERN = re.compile(r"<think>", re.IGNORECASE)
-THINK_CLOSE_PATTERN = re.compile(r"</think>", re.IGNORECASE)
+# The THINK_* names are Atropos's; the helpers below read think blocks through
+# atroposlib.utils.reasoning_text, and these stay for code that imports them.
+THINK_OPEN_PATTERN = THINK_OPEN
+THINK_CLOSE_PATTERN = THINK_CLOSE
 THINK_CONTENT_AFTER_PATTERN = re.compile(r"</think>\s*(.*)", re.DOTALL | re.IGNORECASE)
 THINK_CONTENT_INSIDE_PATTERN = re.compile(r"<think>(.*?)</think>", re.DOTALL | re.IGNORECASE)
 
@@ -199,20 +208,19 @@ def extract_freeform_from_answer_tag(response: str, debug: bool = False) -> Tupl
 
 def validate_thinking_format(response: str, thinking_mode: bool = True) -> Tuple[bool, str]:
     """(valid, text to read the answer from). Outside thinking mode every response is valid.
-    In thinking mode exactly one ``<think>`` and one ``</think>`` are required, and the answer
-    is read from the text after ``</think>``; an invalid response is returned whole."""
+    In thinking mode the response needs exactly one ``<think>`` and one ``</think>``, in that
+    order (`text_after_single_think_block`), and the answer is read from the stripped text
+    after ``</think>``; an invalid response is returned whole."""
     if not thinking_mode:
         return True, response
-    if len(THINK_OPEN_PATTERN.findall(response)) != 1 or len(THINK_CLOSE_PATTERN.findall(response)) != 1:
-        return False, response
-    after = THINK_CONTENT_AFTER_PATTERN.search(response)
-    return (True, after.group(1).strip()) if after else (False, response)
+    after = text_after_single_think_block(response)
+    return (False, response) if after is None else (True, after.strip())
 
 
 def extract_thinking_content(response: str) -> Optional[str]:
     """The stripped text inside the first ``<think></think>`` block, or None."""
-    found = THINK_CONTENT_INSIDE_PATTERN.search(response or "")
-    return found.group(1).strip() if found else None
+    thought = thinking_content(response)
+    return None if thought is None else thought.strip()
 
 
 def get_default_thinking_prompt(custom_prompt: Optional[str] = None) -> Optional[str]:
@@ -463,10 +471,9 @@ def extract_boxed_answers(text: str) -> List[str]:
 
 
 def _after_think(response: str, after_think: bool) -> str:
-    if not after_think:
-        return response
-    after = THINK_CONTENT_AFTER_PATTERN.search(response)
-    return after.group(1) if after else response
+    """The part of `response` a boxed answer is read from: after the last ``</think>`` when
+    `after_think` (`text_after_thinking`), else all of it."""
+    return text_after_thinking(response) if after_think else response
 
 
 def extract_first_boxed_answer(response: str, after_think: bool = True, debug: bool = False) -> Tuple[Optional[str], str, bool]:
@@ -534,19 +541,13 @@ def _score_math_answer_worker(gold: str, response: str, wrap_gold_boxed: bool = 
     if not MATH_VERIFY_AVAILABLE:
         return by_string("string_fallback_no_lib")
     try:
-        gold_text = gold if (not wrap_gold_boxed or "\\boxed" in gold) else f"\\boxed{{{gold}}}"
-        gold_parsed = parse(gold_text, extraction_mode="first_match", extraction_config=[LatexExtractionConfig()])
+        gold_parsed = parse_gold(as_boxed(gold) if wrap_gold_boxed else gold)
         if not gold_parsed:
             return by_string("string_fallback_gold_parse")
-        answer_config = LatexExtractionConfig(
-            normalization_config=NormalizationConfig(nits=False, malformed_operators=False, basic_latex=True,
-                                                     equations=True, boxed="all", units=True),
-            boxed_match_priority=0, try_extract_without_anchor=False,
-        )
-        answer_parsed = parse(response, extraction_config=[answer_config], extraction_mode="first_match")
+        answer_parsed = parse_answer(response, shorten_equation_chains=True)
         if not answer_parsed:
             return by_string("string_fallback_response_parse")
-        if verify(gold_parsed, answer_parsed):
+        if answer_matches_gold(gold_parsed, answer_parsed):
             return True, "math_verify"
         # math-verify can miss plain-number agreement (e.g. "1,000" vs "1000")
         return (True, "string_fallback_match") if boxed and compare_math_strings(boxed[0], gold) else (False, "math_verify")

@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from typing import Any, Optional
 
+from atroposlib.utils.reasoning_text import text_after_thinking
+
 try:
     from .curriculum import MathCurriculum
 except ImportError:  # run as a script: import the package from the repository root
@@ -52,7 +54,7 @@ def clean_for_comparison(text: str) -> str:
 
 def final_answer(response: str) -> str:
     """What a reply answers: the first ``\\boxed{}`` after ``</think>``, else the last line there."""
-    after = response.split("</think>")[-1].strip()
+    after = text_after_thinking(response).strip()
     boxed = extract_boxed(after)
     if boxed:
         return boxed

@@ -36,7 +36,6 @@ import asyncio
 import logging
 import os
 import random
-import re
 import time
 from typing import Any, Optional, Union
 
@@ -44,6 +43,8 @@ from pydantic import Field
 
 from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig, ScoredDataGroup
 from atroposlib.type_definitions import Item
+from atroposlib.utils.length_penalty import length_scaled_score
+from atroposlib.utils.reasoning_text import text_after_thinking, thinking_content
 from atroposlib.utils.tokenize_for_trainer import tokenize_for_trainer
 
 try:
@@ -244,10 +245,9 @@ class InfiniteMathEnv(BaseEnv):
         """(score, correct) of one reply: correctness reward plus the think and boxed bonuses."""
         correct = self.check_answer(model_answer, solution)
         score = self.config.correct_reward if correct else self.config.incorrect_reward
-        think = re.search(r"<think>(.*?)</think>", model_answer, re.DOTALL)
-        if think and think.group(1).strip():
+        if (thinking_content(model_answer) or "").strip():
             score += self.config.think_block_bonus
-        if extract_boxed(model_answer.split("</think>")[-1]) is not None:
+        if extract_boxed(text_after_thinking(model_answer)) is not None:
             score += self.config.boxed_answer_bonus
         return score, correct
 
@@ -279,9 +279,8 @@ class InfiniteMathEnv(BaseEnv):
 
     def _apply_length_penalty(self, group: ScoredDataGroup) -> None:
         """All right: scores of sequences above the threshold fall linearly to 0 at max_token_length."""
-        threshold = self.config.length_threshold_ratio * self.config.max_token_length
-        span = max(1.0, self.config.max_token_length - threshold)
-        group["scores"] = [score if len(tokens) <= threshold else score * (1.0 - min(1.0, (len(tokens) - threshold) / span))
+        group["scores"] = [length_scaled_score(score, len(tokens), self.config.max_token_length,
+                                               self.config.length_threshold_ratio)
                            for score, tokens in zip(group["scores"], group["tokens"])]
 
     # -- evaluation -------------------------------------------------------------------------------------

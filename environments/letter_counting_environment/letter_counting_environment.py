@@ -66,6 +66,7 @@ from pydantic import Field
 from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig, ScoredDataGroup
 from atroposlib.envs.local_data import load_rows
 from atroposlib.type_definitions import Item
+from atroposlib.utils.reasoning_text import text_after_single_think_block
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_CONFIG_PATH = "config.yaml"
@@ -172,12 +173,8 @@ def extract_answer(response: str, multi: bool) -> Union[int, dict[str, int], Non
     exactly one well-formed ``<answer>``: digits for one letter, a JSON object of integer
     counts for several.
     """
-    if len(re.findall(r"<think>", response, re.IGNORECASE)) != 1:
-        return None
-    if len(re.findall(r"</think>", response, re.IGNORECASE)) != 1:
-        return None
-    thinking, _, after = re.split(r"(</think>)", response, maxsplit=1, flags=re.IGNORECASE)
-    if "<think>" not in thinking.lower():
+    after = text_after_single_think_block(response)
+    if after is None:
         return None
     if not multi:
         found = re.findall(r"<answer>\s*(\d+)\s*</answer>", after, re.IGNORECASE)

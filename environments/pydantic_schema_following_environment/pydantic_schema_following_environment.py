@@ -62,6 +62,7 @@ from pydantic import (
 from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig, EvalHandlingEnum, ScoredDataGroup
 from atroposlib.envs.local_data import load_rows
 from atroposlib.type_definitions import Item
+from atroposlib.utils.reasoning_text import text_after_single_think_block
 from atroposlib.utils.tokenize_for_trainer import tokenize_for_trainer
 
 try:
@@ -158,20 +159,10 @@ def build_model(pydantic_config: str, model_name: str) -> Type[BaseModel]:
     return model
 
 
-def response_section(text: str) -> Optional[str]:
-    """The text after the single ``</think>``; None unless there is exactly one ``<think>`` and one
-    ``</think>``, in that order."""
-    opens = [m.start() for m in re.finditer(r"<think>", text, re.IGNORECASE)]
-    closes = [m.end() for m in re.finditer(r"</think>", text, re.IGNORECASE)]
-    if len(opens) != 1 or len(closes) != 1 or closes[0] < opens[0]:
-        return None
-    return text[closes[0]:]
-
-
 def extract_structured(text: str, container: OutputContainerFormat,
                        structured: StructuredOutputFormat) -> Optional[str]:
     """The document a completion gives in `container`, or None."""
-    section = response_section(text)
+    section = text_after_single_think_block(text)
     if section is None:
         return None
     if container == OutputContainerFormat.TAGGED:

@@ -56,6 +56,7 @@ from pydantic import Field, field_validator
 from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig, EvalHandlingEnum, ScoredDataGroup
 from atroposlib.envs.local_data import load_rows
 from atroposlib.type_definitions import Item
+from atroposlib.utils.length_penalty import length_scaled_score
 from atroposlib.utils.tokenize_for_trainer import tokenize_for_trainer
 
 # A reasoning-gym checkout beside this file (Atropos keeps one as a git submodule) wins over
@@ -524,9 +525,7 @@ class ReasoningGymEnv(BaseEnv):
 
     def _apply_length_penalty(self, group: ScoredDataGroup) -> None:
         """All good: scores of sequences above 75 % of max_token_length fall linearly to 0 at the maximum."""
-        limit = self.config.max_token_length
-        start = LENGTH_PENALTY_START * limit
-        group["scores"] = [score if len(tokens) <= start else score * (1.0 - min(1.0, (len(tokens) - start) / (limit - start)))
+        group["scores"] = [length_scaled_score(score, len(tokens), self.config.max_token_length, LENGTH_PENALTY_START)
                            for score, tokens in zip(group["scores"], group["tokens"])]
 
     # -- data dumps -----------------------------------------------------------------------------------

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from atroposlib.envs import tokenizer_loading
 from atroposlib.envs.tokenizer_loading import TokenizerUnavailable, load_tokenizer
-from tests.envs.conftest import env_command
+from tests.envs.conftest import ROOT, env_command
 from tests.helpers import free_port
 
 
@@ -71,3 +73,34 @@ def test_a_server_without_a_loadable_tokenizer_names_the_openai_flag(server_type
     server_class = VLLMServer if server_type == "vllm" else TrlVllmServer
     with pytest.raises(TokenizerUnavailable, match="'smollm2'.*--openai.tokenizer_name"):
         server_class(config)
+
+
+def test_a_broken_tokenizer_found_at_first_use_stops_process_in_one_line(tokenizer_dir: Path, tmp_path: Path,
+                                                                         inference_url: str) -> None:
+    # the tokenizer loads after the first requests are out; its failure must still end the run
+    # in one line, not as a failed group after another
+    broken = tmp_path / "broken-tokenizer"
+    shutil.copytree(tokenizer_dir, broken)
+    (broken / "tokenizer.json").write_text("{not json")
+    out = tmp_path / "groups.jsonl"
+    result = subprocess.run(
+        env_command("process", "--env.tokenizer_name", str(broken), "--openai.base_url", inference_url,
+                    "--openai.model_name", "m", "--env.total_steps", "4", "--env.use_wandb", "false",
+                    "--env.data_path_to_save_groups", str(out)),
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, env={**os.environ, "WANDB_MODE": "disabled"})
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr and "a group failed" not in result.stderr
+    (line,) = [line for line in result.stderr.splitlines() if "tokenizer" in line]
+    assert f"cannot load the tokenizer in {broken}" in line
+    assert not out.exists()
+
+
+def test_building_an_environment_does_not_import_transformers(tokenizer_dir: Path) -> None:
+    probe = ("import sys; from environments.arithmetic_env import ArithmeticEnv; "
+             "from atroposlib.envs.server_handling.configs import APIServerConfig; "
+             f"env = ArithmeticEnv(ArithmeticEnv.env_config_cls(tokenizer_name={str(tokenizer_dir)!r}, use_wandb=False), "
+             "APIServerConfig(model_name='m', base_url='http://127.0.0.1:9/v1')); "
+             "print('transformers' in sys.modules); print(len(env.tokenizer.encode('hi')) > 0)")
+    result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "WANDB_MODE": "disabled"})
+    assert result.stdout.split() == ["False", "True"], result.stderr[-3000:]

@@ -14,7 +14,7 @@ import os
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Optional, Union
 
-from atroposlib.envs.server_handling.api_server import APIServer
+from atroposlib.envs.server_handling.api_server import APIServer, health_client
 from atroposlib.envs.server_handling.configs import APIServerConfig, ServerBaseline, ServerManagerConfig
 from atroposlib.envs.server_handling.openai_server import OpenAIServer, merge_choices
 from atroposlib.envs.server_handling.reasoning import ReasoningConfig
@@ -163,9 +163,7 @@ class ServerManager:
 
     async def unreachable(self) -> list[str]:
         """Base URLs of the servers that answer no health probe right now."""
-        import httpx
-
-        async with httpx.AsyncClient(timeout=5) as client:
+        async with health_client([s.config.base_url for s in self.servers], timeout=5) as client:
             answers = await asyncio.gather(*(server._probe_health(client) for server in self.servers))
         return [str(s.config.base_url) for s, ok in zip(self.servers, answers) if not ok]
 

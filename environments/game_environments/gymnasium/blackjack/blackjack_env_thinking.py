@@ -54,7 +54,6 @@ import copy
 import json
 import logging
 import random
-import re
 from typing import Dict, List, Optional, Tuple
 
 import gymnasium
@@ -63,14 +62,15 @@ from tqdm.asyncio import tqdm_asyncio
 
 from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig, EvalHandlingEnum, ScoredDataGroup
 from atroposlib.utils.best_of_n_selection import select_best_index
+from atroposlib.utils.length_penalty import length_overrun
 from atroposlib.utils.message_history_utils import ensure_trajectory_token_limit, truncate_thinking
+from atroposlib.utils.reasoning_text import thinking_content
 from atroposlib.utils.tokenize_for_trainer import tokenize_for_trainer
 from atroposlib.utils.tool_call_parser import parse_tool_call
 
 logger = logging.getLogger(__name__)
 
 ACTION_STICK, ACTION_HIT, INVALID_ACTION = 0, 1, -1
-THINK_BLOCK = re.compile(r"<think>(.*?)</think>", re.DOTALL)
 REPLY_MARK = "\u2063[reply starts here]\u2063"  # located in the template's text, then cut off
 
 
@@ -230,16 +230,16 @@ class BlackjackEnv(BaseEnv):
         """Game reward, the format terms and the length tie-break of one reply."""
         score = float(env_reward)
         score += -0.2 if parsed_action == INVALID_ACTION else 0.2
-        block = THINK_BLOCK.search(response_text or "")
-        if block is None or not block.group(1):
+        thought = thinking_content(response_text)
+        if not thought:
             score -= 0.2
-        elif block.group(1).strip():
+        elif thought.strip():
             score += 0.2
         # (a block of whitespace only earns nothing)
         num_tokens = len(self.tokenizer.encode(response_text)) if response_text else 0
         if self.config.max_token_length > 0:
-            ratio = min(1.0, num_tokens / self.config.max_token_length)
-            score += self.config.tiebreak_token_factor * (1.0 - ratio)
+            overrun = length_overrun(num_tokens, self.config.max_token_length, 0.0)
+            score += self.config.tiebreak_token_factor * (1.0 - overrun)
         return score
 
     def _parse_tool_call(self, response: str) -> int:
