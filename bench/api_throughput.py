@@ -6,7 +6,7 @@ carries a unique id; the run fails if any acknowledged group is lost or served t
 Two do-nothing servers (``bench/do_nothing_server.py``) give the ingest ceilings: a
 bare ASGI app parsing with orjson, and a FastAPI app parsing with ``request.json()``.
 
-    python bench/api_throughput.py [--groups 1600] [--clients 32] [--rounds 3]
+    python bench/api_throughput.py [--groups 1600] [--clients 32] [--rounds 3] [--uncompressed]
         [--reference-python /opt/refvenv/bin/python]
 
 The reference runs from its own virtual environment (``bench/setup_reference.sh``).
@@ -37,11 +37,13 @@ import orjson
 ROOT = Path(__file__).resolve().parent.parent
 SEQUENCES, TOKENS, PROMPT = 8, 1024, 256
 BATCH_SIZE = 64  # sequences: 8 groups per batch
+GZIP_MAGIC = b"\x1f\x8b"
 DEFAULT_REFERENCE_PYTHON = os.environ.get("ATROPOS_REFERENCE_PYTHON", "/opt/refvenv/bin/python")
 
 
-def make_bodies(count: int, first_id: int, seed: int) -> list[bytes]:
-    """gzip-compressed scored groups; scores[0] of group k is its unique id."""
+def make_bodies(count: int, first_id: int, seed: int, compress: bool = True) -> list[bytes]:
+    """Scored groups as JSON bodies, gzip-compressed when `compress`; scores[0] of group k
+    is its unique id."""
     rng = random.Random(seed)
     pool = [[rng.randrange(100, 32000) for _ in range(TOKENS)] for _ in range(32)]
     bodies = []
@@ -50,7 +52,7 @@ def make_bodies(count: int, first_id: int, seed: int) -> list[bytes]:
         masks = [[-100] * PROMPT + seq[PROMPT:] for seq in tokens]
         scores = [float(first_id + k)] + [rng.random() for _ in range(SEQUENCES - 1)]
         body = orjson.dumps({"tokens": tokens, "masks": masks, "scores": scores, "env_id": 0})
-        bodies.append(gzip.compress(body, compresslevel=6))
+        bodies.append(gzip.compress(body, compresslevel=6) if compress else body)
     return bodies
 
 
@@ -107,7 +109,9 @@ async def post_all(session: aiohttp.ClientSession, url: str, bodies: list[bytes]
     queue: asyncio.Queue[int] = asyncio.Queue()
     for k in range(len(bodies)):
         queue.put_nowait(k)
-    headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
+    headers = {"Content-Type": "application/json"}
+    if bodies and bodies[0][:2] == GZIP_MAGIC:
+        headers["Content-Encoding"] = "gzip"
 
     async def worker() -> None:
         while not queue.empty():
@@ -188,6 +192,8 @@ def make_servers(workdir: Path, reference_python: str) -> list[Server]:
         Server("bare do-nothing", uvicorn + ["bench.do_nothing_server:app"], free_port(), serves_batches=False),
         Server("FastAPI do-nothing", uvicorn + ["bench.do_nothing_server:fastapi_app"], free_port(),
                serves_batches=False),
+        Server("FastAPI+orjson do-nothing", uvicorn + ["bench.do_nothing_server:fastapi_orjson_app"], free_port(),
+               serves_batches=False),
         Server("atroposlib 0.4.0", [reference_python, "-m", "atroposlib.cli.run_api", "--host", "127.0.0.1",
                                     "--port", "PORT"], free_port(), in_project=False),
         Server("this project", [sys.executable, "-m", "atroposlib.cli.run_api", "--port", "PORT",
@@ -202,6 +208,7 @@ def main() -> None:
     parser.add_argument("--mixed-groups", type=int, default=400, help="groups posted while a consumer drains")
     parser.add_argument("--clients", type=int, default=32, help="concurrent posting clients")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians are reported")
+    parser.add_argument("--uncompressed", action="store_true", help="post plain JSON bodies instead of gzip")
     parser.add_argument("--reference-python", default=DEFAULT_REFERENCE_PYTHON)
     args = parser.parse_args()
     if not Path(args.reference_python).exists():
@@ -210,11 +217,12 @@ def main() -> None:
     args.groups -= args.groups % groups_per_batch  # every group must be servable
     args.mixed_groups -= args.mixed_groups % groups_per_batch
 
-    print(f"building {args.groups + args.mixed_groups} gzip groups of {SEQUENCES}x{TOKENS} tokens ...", flush=True)
-    ingest_bodies = make_bodies(args.groups, 0, seed=1)
-    mixed_bodies = make_bodies(args.mixed_groups, args.groups, seed=2)
+    kind = "plain JSON" if args.uncompressed else "gzip"
+    print(f"building {args.groups + args.mixed_groups} {kind} groups of {SEQUENCES}x{TOKENS} tokens ...", flush=True)
+    ingest_bodies = make_bodies(args.groups, 0, seed=1, compress=not args.uncompressed)
+    mixed_bodies = make_bodies(args.mixed_groups, args.groups, seed=2, compress=not args.uncompressed)
     mean_kib = sum(map(len, ingest_bodies)) / len(ingest_bodies) / 1024
-    print(f"mean compressed body {mean_kib:.1f} KiB; {args.rounds} rounds", flush=True)
+    print(f"mean {kind} body {mean_kib:.1f} KiB; {args.clients} clients; {args.rounds} rounds", flush=True)
 
     workdir = Path(tempfile.mkdtemp(prefix="atropos-bench-"))
     servers = make_servers(workdir, args.reference_python)
@@ -245,19 +253,22 @@ def report(results: dict[str, list[Result]], clients: int) -> None:
         return statistics.median(getattr(r, metric) for r in results[name])
 
     bare, fast = median("bare do-nothing", "ingest"), median("FastAPI do-nothing", "ingest")
+    fast_orjson = median("FastAPI+orjson do-nothing", "ingest")
     ref = {m: median("atroposlib 0.4.0", m) for m in ("ingest", "drain", "mixed")}
     ours = {m: median("this project", m) for m in ("ingest", "drain", "mixed")}
     print()
-    print(f"{'groups/s (median)':<26}{'bare':>9}{'FastAPI':>9}{'reference':>11}{'this project':>14}{'ours/ref':>10}")
-    print(f"{'':<26}{'nothing':>9}{'nothing':>9}")
-    print(f"{'ingest (' + str(clients) + ' clients)':<26}{bare:>9.1f}{fast:>9.1f}{ref['ingest']:>11.1f}"
-          f"{ours['ingest']:>14.1f}{ours['ingest'] / ref['ingest']:>9.2f}x")
+    print(f"{'groups/s (median)':<26}{'bare':>9}{'FastAPI':>9}{'FastAPI':>9}{'reference':>11}{'this project':>14}"
+          f"{'ours/ref':>10}")
+    print(f"{'':<26}{'nothing':>9}{'+orjson':>9}{'nothing':>9}")
+    print(f"{'ingest (' + str(clients) + ' clients)':<26}{bare:>9.1f}{fast_orjson:>9.1f}{fast:>9.1f}"
+          f"{ref['ingest']:>11.1f}{ours['ingest']:>14.1f}{ours['ingest'] / ref['ingest']:>9.2f}x")
     for metric, label in (("drain", "drain (GET /batch, gzip)"), ("mixed", "mixed (post + drain)")):
-        print(f"{label:<26}{'-':>9}{'-':>9}{ref[metric]:>11.1f}{ours[metric]:>14.1f}"
+        print(f"{label:<26}{'-':>9}{'-':>9}{'-':>9}{ref[metric]:>11.1f}{ours[metric]:>14.1f}"
               f"{ours[metric] / ref[metric]:>9.2f}x")
     print()
     print("ingest as a share of each ceiling (durable, fsync=batch for this project):")
-    for label, ceiling in (("bare ASGI + orjson", bare), ("FastAPI + request.json()", fast)):
+    for label, ceiling in (("bare ASGI + orjson", bare), ("FastAPI + orjson", fast_orjson),
+                           ("FastAPI + request.json()", fast)):
         print(f"  {label:<26} reference {ref['ingest'] / ceiling:5.0%}   this project {ours['ingest'] / ceiling:5.0%}")
     print("delivery check: every acknowledged group was served exactly once by both servers")
 

@@ -4,6 +4,7 @@
 * ``fastapi_app``: the web framework both measured servers use, with a gzip request
   middleware and a handler that reads the body as FastAPI applications usually do
   (``await request.json()``).
+* ``fastapi_orjson_app``: the same, parsing the body with orjson instead.
 
 The benchmark runs them with ``uvicorn bench.do_nothing_server:app`` (or ``:fastapi_app``).
 """
@@ -73,4 +74,19 @@ async def _parse_and_forget(request: Request) -> dict[str, str]:
 
 @fastapi_app.get("/{path:path}")
 async def _answer(request: Request) -> dict[str, str]:
+    return {"status": "ok"}
+
+
+fastapi_orjson_app = FastAPI()
+fastapi_orjson_app.add_middleware(_GunzipRequests)
+
+
+@fastapi_orjson_app.post("/{path:path}")
+async def _parse_with_orjson_and_forget(request: Request) -> dict[str, str]:
+    orjson.loads(await request.body())
+    return {"status": "received"}
+
+
+@fastapi_orjson_app.get("/{path:path}")
+async def _answer_orjson(request: Request) -> dict[str, str]:
     return {"status": "ok"}

@@ -79,3 +79,14 @@ def test_a_dead_worker_is_replaced_without_failing_requests(pooled) -> None:
     assert pooled.post("/scored_data", json=big_group(score=3)).json() == {"status": "received"}
     assert len(runtime.validators.live_workers()) == 1
     assert pooled.get("/status").json()["queue_size"] == 3
+
+
+@pytest.mark.parametrize("cpus, workers", [(1, 0), (2, 0), (3, 1), (4, 2), (16, 4)])
+def test_the_default_leaves_two_cpus_to_the_server_and_its_clients(cpus: int, workers: int,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    # measured on 2 CPUs (bench/api_throughput.py): one worker made ingest ~1.6x slower there
+    from atroposlib.api.settings import ApiSettings
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cpus)), raising=False)
+    assert ApiSettings().resolved_validation_workers() == workers
+    assert ApiSettings(validation_workers=3).resolved_validation_workers() == 3
