@@ -4,7 +4,7 @@
 
 It runs in a python where vLLM imports (on a CPU machine, the runtime `atropos-vllm install`
 made), so it imports only vLLM, FastAPI, uvicorn, pydantic, the standard library and its
-sibling `openai_routes.py` (keep the two files together). The routes keep the names and
+siblings `openai_routes.py` and `bridge_routes.py` (keep the three files together). The routes keep the names and
 answers of Atropos's bundled server:
 
 - ``GET /health`` answers 200 once the engine is loaded and HTTP is up; ``GET /health_generate``
@@ -37,9 +37,10 @@ it arrived (a request that waited through a reload is reported one version old).
   bundled server lacks them.
 - ``GET /metrics``: vLLM's Prometheus metrics (``vllm:generation_tokens_total``, queue and
   cache gauges, latencies), as ``vllm serve`` and ``atropos-vllm serve`` expose them.
-- ``/bridge/*``: Atropos's shared-weights (CUDA IPC) routes. This server shares no weights;
-  the routes report the engine's state and pause, resume, sleep or wake it where vLLM can,
-  and answer ``{"status": "not_supported", ...}`` where it cannot.
+- ``/bridge/*``: Atropos's shared-weights (CUDA IPC) routes (`bridge_routes`, beside this
+  file). This server shares no weights; the routes report the engine's state and pause,
+  resume, sleep or wake it where vLLM can, and answer ``{"status": "not_supported", ...}``
+  where it cannot.
 
 With ``--api-key`` every route except ``/health`` wants ``Authorization: Bearer KEY``.
 """
@@ -55,7 +56,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Literal, Optional
+from typing import Any, AsyncIterator, Optional
 
 import prometheus_client
 import uvicorn
@@ -66,18 +67,18 @@ from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.exceptions import VLLMClientError
 from vllm.lora.request import LoRARequest
 from vllm.outputs import RequestOutput
-from vllm.platforms import current_platform
 from vllm.sampling_params import RequestOutputKind, SamplingParams
 from vllm.usage.usage_lib import UsageContext
 from vllm.utils import random_uuid
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.metrics.prometheus import get_prometheus_registry
-from vllm.version import __version__ as VLLM_VERSION
 
 if __package__:
+    from example_trainer.bridge_routes import BridgeHooks, bridge_router
     from example_trainer.openai_routes import CLIENT_CLOSED, EngineHooks, openai_router
 else:  # run as a script: its own folder is on sys.path
+    from bridge_routes import BridgeHooks, bridge_router
     from openai_routes import CLIENT_CLOSED, EngineHooks, openai_router
 
 # atroposlib's vLLM plugins (the reload worker extension), beside this package in a checkout and
@@ -369,79 +370,6 @@ async def lora_unload() -> dict[str, Any]:
     return {"status": "ok", "previous_adapter": previous_path, "previous_name": previous_name}
 
 
-NOT_SHARED = "this server shares no weights with the trainer (CUDA IPC needs a GPU and patched vLLM)"
-
-
-def _model_summary() -> dict[str, Any]:
-    config = _engine().model_config
-    return {"model": str(config.model), "dtype": str(config.dtype)}
-
-
-@app.get("/bridge/info")
-async def bridge_info() -> dict[str, Any]:
-    return {"enabled": False, "shared_weights": False, "update_count": state.reload_count,
-            "policy_version": state.policy_version,
-            "last_update_time": state.last_reload_time, "model_name": _model_summary()["model"],
-            "device": current_platform.device_type, "detail": NOT_SHARED}
-
-
-@app.get("/bridge/state_dict_info")
-async def bridge_state_dict_info() -> dict[str, Any]:
-    return {**_model_summary(), "shared_weights_enabled": False}
-
-
-@app.post("/bridge/pause")
-async def bridge_pause(mode: Literal["wait", "keep"] = "wait") -> dict[str, Any]:
-    """Stop scheduling generation: ``wait`` lets requests in flight finish first (Atropos's),
-    ``keep`` freezes them where they are until ``/bridge/resume`` (instant: the trainer's
-    pause while it trains on the same CPU cores)."""
-    await _engine().pause_generation(mode=mode, clear_cache=False)
-    return {"status": "paused"}
-
-
-@app.post("/bridge/resume")
-async def bridge_resume() -> dict[str, Any]:
-    await _engine().resume_generation()
-    return {"status": "resumed"}
-
-
-@app.get("/bridge/is_paused")
-async def bridge_is_paused() -> dict[str, Any]:
-    return {"paused": await _engine().is_paused()}
-
-
-def _sleep_mode() -> bool:
-    return bool(_engine().model_config.enable_sleep_mode)
-
-
-@app.post("/bridge/sleep")
-async def bridge_sleep() -> dict[str, Any]:
-    if not _sleep_mode():
-        return {"status": "not_supported", "detail": "start the server with --enable-sleep-mode (GPU only)"}
-    await _engine().sleep()
-    return {"status": "sleeping"}
-
-
-@app.post("/bridge/wake_up")
-async def bridge_wake_up() -> dict[str, Any]:
-    if not _sleep_mode():
-        return {"status": "not_supported", "detail": "start the server with --enable-sleep-mode (GPU only)"}
-    await _engine().wake_up()
-    return {"status": "awake"}
-
-
-@app.get("/bridge/is_sleeping")
-async def bridge_is_sleeping() -> dict[str, Any]:
-    return {"sleeping": await _engine().is_sleeping()}
-
-
-@app.get("/bridge/debug")
-async def bridge_debug() -> dict[str, Any]:
-    return {"engine_type": type(engine).__name__ if engine is not None else None, "vllm_version": VLLM_VERSION,
-            "patches_applied": False, "device": current_platform.device_type,
-            "logdir": os.environ.get("LOGDIR", "unset"), "model_config": _model_summary() if engine else None}
-
-
 @app.get("/metrics")
 async def metrics() -> Response:
     """The engine's Prometheus metrics, in the text exposition format."""
@@ -449,10 +377,13 @@ async def metrics() -> Response:
                     media_type=prometheus_client.CONTENT_TYPE_LATEST)
 
 
-@app.get("/bridge/list_endpoints")
-async def bridge_list_endpoints() -> dict[str, Any]:
-    return {"endpoints": [{"path": route.path, "methods": sorted(route.methods)}
-                          for route in app.routes if getattr(route, "methods", None)]}
+def _updates() -> dict[str, Any]:
+    return {"update_count": state.reload_count, "policy_version": state.policy_version,
+            "last_update_time": state.last_reload_time}
+
+
+app.include_router(bridge_router(BridgeHooks(engine=_engine, engine_running=lambda: engine is not None,
+                                             updates=_updates)))
 
 
 def build_parser() -> argparse.ArgumentParser:
