@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The README's main job: set up, install the local vLLM runtime, prepare the bundled
-# model, and run the GSM8K environment in process mode through real vLLM (no GPU, no
-# internet). Extra arguments go to atropos-quickstart (e.g. --groups 32).
+# model, and run the small-sums environment in process mode through real vLLM (no GPU, no
+# internet). Extra arguments go to atropos-quickstart (e.g. --groups 32, --task gsm8k).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 EXTRAS=quickstart bash scripts/setup.sh

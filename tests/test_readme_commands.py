@@ -200,7 +200,9 @@ def test_the_quickstart_makes_real_rollouts_then_the_model_folder_is_where_the_r
     done = _bash(shlex.join([*quickstart, *flags, "--group-size", "2", "--max-tokens", "16", "--out-dir", str(out)]),
                  ROOT, environment, timeout=840)
     assert done.returncode == 0 and "1 groups, 2 rollouts" in done.stdout, _failure(done)
-    (rollouts,) = out.glob("gsm8k-*.jsonl")
+    assert re.search(r"[01] of 1 groups carry a learning signal", done.stdout), _failure(done)
+    assert "generate GSM8K-style problems" not in done.stdout  # the default task (small sums) needs none
+    (rollouts,) = out.glob("small_sums-*.jsonl")
     (group,) = [json.loads(line) for line in rollouts.read_text().splitlines()]
     assert len(group["tokens"]) == len(group["masks"]) == 2
     check = 'test -f "$MODEL/config.json" && test -f "$MODEL/tokenizer_config.json" && command -v run-api atropos-grpo'

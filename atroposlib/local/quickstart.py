@@ -2,17 +2,22 @@
 
 1. install the vLLM runtime (once; CPU build without an NVIDIA GPU);
 2. prepare the bundled SmolLM2-135M-Instruct model (once);
-3. write GSM8K-style problems generated offline (reasoning-gym), unless they exist;
+3. for ``--task gsm8k`` only: write GSM8K-style problems generated offline (reasoning-gym),
+   unless they exist;
 4. start vLLM on the model, in the dtype this CPU is fast in;
-5. run ``environments/gsm8k_server.py process`` against it: real rollouts, scored, written
+5. run the task's environment in ``process`` mode against it: real rollouts, scored, written
    to JSONL and rendered to HTML, with a bar of generated tokens (tokens/s, ETA);
-6. stop vLLM and print where the files are, a summary (CPU, dtype, tokens/s) and the time
-   of every stage.
+6. stop vLLM and print where the files are, a summary (CPU, dtype, tokens/s, how many groups
+   carry a learning signal) and the time of every stage.
 
-The default job (8 groups of 8 rollouts, at most 128 tokens each: 64 sequences generated
-at once) is sized so that the first run, runtime install included, takes a few minutes on
-a 2-core CPU without bf16 instructions. SIGINT, SIGTERM and SIGHUP stop it cleanly: the
-environment process and vLLM's whole process group are stopped before it exits.
+The default task, ``small_sums`` (``environments/small_sums_env.py``: single-digit sums),
+is one the bundled model gets right about 40% of the time, so most groups mix right and
+wrong answers: the signal a trainer learns from. ``--task gsm8k`` runs
+``environments/gsm8k_server.py`` instead, on which a 135M model scores -1 throughout. The
+default job (8 groups of 8 rollouts: 64 sequences generated at once) is sized so that the
+first run, runtime install included, takes under 10 minutes on a 2-core CPU without bf16
+instructions. SIGINT, SIGTERM and SIGHUP stop it cleanly: the environment process and
+vLLM's whole process group are stopped before it exits.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import subprocess
 import sys
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from statistics import mean
 from typing import Iterator, Optional
@@ -40,6 +46,28 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 PROCESS_STAGE = "run the environment (process mode)"
 # process mode's last lines (groups written, groups not written and why) start with this
 PROCESS_REPORT_START = "wrote "
+
+
+@dataclass(frozen=True)
+class Task:
+    """A job the quickstart can run: its environment file (under ``environments/``), the
+    default completion budget of a rollout and the environment flag that sets it, and
+    whether it reads GSM8K-style problems that the quickstart writes first."""
+
+    env_file: str
+    max_tokens: int
+    max_tokens_flag: str
+    needs_problems: bool
+
+
+TASKS: dict[str, Task] = {
+    # The answer is a number or two: 32 tokens is the environment's own budget. Every group is
+    # written, also those whose answers all score alike, so that the summary counts honestly
+    # how many groups carry a signal (the environment's own default drops the others).
+    "small_sums": Task("small_sums_env.py", 32, "--env.max_answer_tokens", needs_problems=False),
+    "gsm8k": Task("gsm8k_server.py", 128, "--env.max_token_length", needs_problems=True),
+}
+DEFAULT_TASK = "small_sums"
 
 
 class QuickstartError(RuntimeError):
@@ -71,10 +99,16 @@ def summarise(jsonl: Path) -> dict[str, float]:
 
 
 def environment_command(server: LocalVLLM, args: argparse.Namespace, data_dir: Path, out: Path) -> list[str]:
-    return [sys.executable, str(args.env_file), "process", "--env.total_steps", str(args.groups),
-            "--env.group_size", str(args.group_size), "--env.max_token_length", str(args.max_tokens),
-            "--env.train_file", str(data_dir / "train.jsonl"), "--env.test_file", str(data_dir / "test.jsonl"),
-            "--env.data_path_to_save_groups", str(out), "--env.use_wandb", "false", *server.openai_flags()]
+    """The process-mode command line of the task's environment, pointed at `server`."""
+    task = TASKS[args.task]
+    command = [sys.executable, str(args.env_file), "process", "--env.total_steps", str(args.groups),
+               "--env.group_size", str(args.group_size), task.max_tokens_flag, str(args.max_tokens),
+               "--env.data_path_to_save_groups", str(out), "--env.use_wandb", "false"]
+    if task.needs_problems:
+        command += ["--env.train_file", str(data_dir / "train.jsonl"), "--env.test_file", str(data_dir / "test.jsonl")]
+    else:
+        command += ["--env.ensure_scores_are_not_same", "false"]
+    return command + server.openai_flags()
 
 
 def is_worth_showing(line: str) -> bool:
@@ -125,23 +159,39 @@ def _stop(child: subprocess.Popen[str], grace: float = 20.0) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="atropos-quickstart", description=__doc__.split("\n\n")[0].replace("``", ""),
                                      formatter_class=DefaultsHelpFormatter)
+    parser.add_argument("--task", default=DEFAULT_TASK, metavar="{" + ",".join(TASKS) + "}",
+                        help="The job: small_sums (single-digit sums; the bundled model is right about 40%% of "
+                             "the time, so most groups carry a learning signal) or gsm8k (GSM8K-style word "
+                             "problems generated offline; the bundled model gets none right).")
     parser.add_argument("--groups", type=int, default=8, help="Groups to write.")
     parser.add_argument("--group-size", type=int, default=8, help="Rollouts per group (one prompt, sampled n times).")
-    parser.add_argument("--max-tokens", type=int, default=128, help="Completion budget per rollout, in tokens.")
+    parser.add_argument("--max-tokens", type=int,
+                        help="Completion budget per rollout, in tokens (default: the task's: "
+                             + ", ".join(f"{task.max_tokens} for {name}" for name, task in TASKS.items()) + ").")
     parser.add_argument("--model", help="Model folder, GGUF file or hub name (default: the bundled SmolLM2).")
     parser.add_argument("--dtype", choices=DTYPES, default="auto",
                         help="vLLM's dtype; auto: bfloat16 on CPUs with avx512_bf16 or amx_bf16, float32 on "
                              "other CPUs, the model's own on a GPU.")
-    parser.add_argument("--env-file", type=Path, default=REPO_ROOT / "environments" / "gsm8k_server.py",
-                        help="Environment to run (GSM8K-style data is written beside its output).")
+    parser.add_argument("--env-file", type=Path,
+                        help="Environment to run instead of the task's own (default: environments/<the task's "
+                             "file> of this repository); it takes the flags the task's environment takes.")
     parser.add_argument("--out-dir", type=Path, default=Path("data") / "quickstart",
-                        help="Where the JSONL, HTML, logs and generated problems go.")
+                        help="Where the JSONL, HTML, logs and generated problems (gsm8k) go.")
     return parser
 
 
 def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
+    """The command line, with the task's defaults filled in (`--max-tokens`, `--env-file`)."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.task not in TASKS:
+        # one line, like every other failure of the quickstart (argparse's choices would add its usage)
+        sys.exit(f"error: unknown task {args.task!r} (--task is one of {', '.join(TASKS)})")
+    task = TASKS[args.task]
+    if args.max_tokens is None:
+        args.max_tokens = task.max_tokens
+    if args.env_file is None:
+        args.env_file = REPO_ROOT / "environments" / task.env_file
     for flag in ("groups", "group_size", "max_tokens"):
         if getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be at least 1")
@@ -149,7 +199,8 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
 
 
 def prepare(runtime: Runtime, args: argparse.Namespace, stages: Stages) -> tuple[Path, Path]:
-    """Stages 1-3: the runtime, the model folder and the data folder."""
+    """Stages 1-3: the runtime, the model folder and the data folder (GSM8K-style problems,
+    written only for a task that reads them)."""
     with stages.stage("install the vLLM runtime"):
         info = runtime.install()
         print(f"    {runtime.path}: {info.device} build, {info.size_bytes / 1e9:.2f} GB "
@@ -158,6 +209,8 @@ def prepare(runtime: Runtime, args: argparse.Namespace, stages: Stages) -> tuple
         model_dir = prepare_model(args.model, runtime=runtime)
         print(f"    {model_dir}")
     data_dir = args.out_dir / "gsm8k_style"
+    if not TASKS[args.task].needs_problems:
+        return model_dir, data_dir
     with stages.stage("generate GSM8K-style problems"):
         if not (data_dir / "train.jsonl").exists():
             subprocess.run([sys.executable, str(args.env_file.with_name("gsm8k_offline_data.py")), str(data_dir)],
@@ -190,7 +243,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         sys.exit(f"error: no environment file at {args.env_file} (pass --env-file)")
     stages = Stages()
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    out = args.out_dir / f"gsm8k-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
+    out = args.out_dir / f"{args.task}-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
     try:
         with stop_signals_raise():
             server, progress = run(args, stages, out)

@@ -232,7 +232,7 @@ def test_a_run_that_writes_no_rows_says_which_filter_left_everything_out(tool: A
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     groups = make_groups(tokenizer, 3, seed=1, size=4)
     for group in groups:
-        group["scores"] = [-1.0, -1.0, -0.5, -1.0]  # the quickstart's: every answer wrong
+        group["scores"] = [-1.0, -1.0, -0.5, -1.0]  # `atropos-quickstart --task gsm8k`'s: every answer wrong
     source = tmp_path / "groups.jsonl"
     source.write_text("".join(json.dumps(group) + "\n" for group in groups))
     with pytest.raises(SystemExit) as ended:

@@ -36,7 +36,22 @@ def test_each_flag_is_explained_with_its_default(parser: argparse.ArgumentParser
 
 def test_the_quickstart_defaults_are_the_documented_job() -> None:
     args = quickstart.parse_args([])
-    assert (args.groups, args.group_size, args.max_tokens, args.dtype) == (8, 8, 128, "auto")
+    assert (args.task, args.groups, args.group_size, args.max_tokens, args.dtype) == ("small_sums", 8, 8, 32, "auto")
+    assert args.env_file == quickstart.REPO_ROOT / "environments" / "small_sums_env.py"
+
+
+def test_gsm8k_is_one_flag_away_and_keeps_its_own_budget() -> None:
+    args = quickstart.parse_args(["--task", "gsm8k"])
+    assert (args.max_tokens, args.env_file.name) == (128, "gsm8k_server.py")
+    args = quickstart.parse_args(["--task", "gsm8k", "--max-tokens", "64", "--env-file", "my_env.py"])
+    assert (args.max_tokens, str(args.env_file)) == (64, "my_env.py")
+
+
+def test_an_unknown_task_is_a_one_line_error() -> None:
+    result = subprocess.run([sys.executable, "-m", "atroposlib.local.quickstart", "--task", "chess"],
+                            capture_output=True, text=True)
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr == "error: unknown task 'chess' (--task is one of small_sums, gsm8k)\n"
 
 
 def test_help_runs_from_the_command_line() -> None:
