@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -51,6 +52,38 @@ def run(python: str, workdir: Path, out: Path, groups: int, tokenizer: Path, inf
     return elapsed, first_request_at - launched_at
 
 
+def serve_startup(python: str, workdir: Path, tokenizer: Path, inference: str, api_url: str) -> float:
+    """Seconds from launching ``serve`` (against a run-api whose trainer is registered) to its
+    first inference request; the environment is then stopped with SIGINT."""
+    server_root = inference.removesuffix("/v1")
+    httpx.post(server_root + "/stats/reset", timeout=10).raise_for_status()
+    command = [python, str(ENV_FILE), "serve", "--env.rollout_server_url", api_url,
+               "--env.tokenizer_name", str(tokenizer), "--openai.base_url", inference,
+               "--openai.model_name", "fake-model", "--env.use_wandb", "false", "--env.total_steps", "100000",
+               # atroposlib 0.4.0's serve registers a null name without it, which its own API refuses
+               "--env.wandb_name", "arithmetic"]
+    launched_at = time.time()
+    process = subprocess.Popen(command, cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               env={**os.environ, "WANDB_MODE": "disabled"})
+    try:
+        deadline = launched_at + 120
+        while time.time() < deadline and process.poll() is None:
+            first_request_at = httpx.get(server_root + "/stats", timeout=10).json()["first_post_at"]
+            if first_request_at is not None:
+                return first_request_at - launched_at
+            time.sleep(0.02)
+        process.kill()
+        raise SystemExit(f"{python} serve sent no inference request:\n{process.communicate(timeout=30)[1][-3000:]!r}")
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(10)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--groups", type=int, default=64)
@@ -63,6 +96,7 @@ def main() -> None:
         raise SystemExit(f"no reference interpreter at {args.reference_python}: run bench/setup_reference.sh")
     sys.path.insert(0, str(ROOT))
     from tests.envs.conftest import start_fake_inference
+    from tests.helpers import ApiProcess
     from tests.tokenizer_fixture import build_tokenizer
 
     workdir = Path(tempfile.mkdtemp(prefix="atropos-process-bench-"))
@@ -85,6 +119,15 @@ def main() -> None:
                                     tokenizer, inference, ["--env.process_concurrency", "32"]))
         reference, ours, wide = (tuple(statistics.median(column) for column in zip(*runs[name]))
                                  for name in ("reference", "ours", "wide"))
+        with ApiProcess(None, "--ephemeral", "--log-level", "warning") as api:
+            httpx.post(api.url + "/register", timeout=10, json={
+                "wandb_group": "bench", "wandb_project": "bench", "batch_size": 64, "max_token_len": 2048,
+                "checkpoint_dir": "ckpt", "save_checkpoint_interval": 100, "starting_step": 0, "num_steps": 1000,
+            }).raise_for_status()
+            httpx.get(api.url + "/batch", timeout=10).raise_for_status()  # the trainer has started
+            serve_starts = {python: [serve_startup(python, workdir, tokenizer, inference, api.url)
+                                     for _ in range(args.repeats)]
+                            for python in (args.reference_python, sys.executable)}
     finally:
         server.terminate()
         server.wait(10)
@@ -99,6 +142,9 @@ def main() -> None:
     print(f"speed-up: {reference[0] / ours[0]:.1f}x with defaults, {reference[0] / wide[0]:.1f}x with 32 at once "
           "(all runs include start-up: imports, tokenizer, HTML report); "
           f"first request {reference[1] / ours[1]:.1f}x sooner")
+    serve_reference, serve_ours = (statistics.median(serve_starts[p]) for p in (args.reference_python, sys.executable))
+    print(f"serve, launch to first inference request (median): atroposlib 0.4.0 {serve_reference:.2f} s, "
+          f"this project {serve_ours:.2f} s")
 
 if __name__ == "__main__":
     main()
