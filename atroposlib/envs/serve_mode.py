@@ -95,7 +95,6 @@ async def start(env: Any) -> None:
     """Set up, wait for the trainer and register with the API."""
     config = env.config
     await env.setup()
-    env.start_loading_tokenizer()
     try:
         info = await env.api.wait_for_trainer()
     except ApiKeyRefused as exc:
@@ -129,6 +128,9 @@ async def start(env: Any) -> None:
     if len(env.api.spool):
         log.info("re-sending %d spooled submissions", len(env.api.spool))
         await env.api.resend_spooled()
+    # now, not while registering (the thread's imports would hold the GIL the HTTP calls need):
+    # it loads while the first requests are answered
+    env.start_loading_tokenizer()
 
 
 def _crossed(previous: int, current: int, interval: int) -> bool:
