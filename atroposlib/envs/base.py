@@ -139,6 +139,10 @@ class BaseEnv(ABC):
                     self._tokenizer = keep_transformers4_chat_ids(load_tokenizer(self.config.tokenizer_name))
         return self._tokenizer
 
+    @tokenizer.setter
+    def tokenizer(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+
     def start_loading_tokenizer(self) -> None:
         """Load the tokenizer in a thread while the first requests are out; a failure there is
         left for the first use to raise, where the run reports it."""
@@ -151,10 +155,6 @@ class BaseEnv(ABC):
 
         if self._tokenizer is None:
             threading.Thread(target=load, name="tokenizer-loader", daemon=True).start()
-
-    @tokenizer.setter
-    def tokenizer(self, tokenizer: Any) -> None:
-        self._tokenizer = tokenizer
 
     # -- configuration ---------------------------------------------------------------------
     @classmethod
