@@ -100,6 +100,8 @@ def make_client(clock: FakeClock) -> Iterator[Callable[..., TestClient]]:
 
     def make(**settings: Any) -> TestClient:
         settings.setdefault("ephemeral", "state_dir" not in settings)
+        # Worker processes only where a test asks for them: each costs half a second of CPU.
+        settings.setdefault("validation_workers", 0)
         client = TestClient(create_app(ApiSettings(**settings), clock=clock))
         client.__enter__()
         clients.append(client)

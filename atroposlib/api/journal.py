@@ -8,7 +8,8 @@ so nothing is acknowledged before it is on disk, and the database always holds a
 exact prefix of the server's history: ``kill -9`` loses nothing acknowledged, and a
 restart restores a consistent state. With WAL and ``synchronous=NORMAL`` a commit
 reaches the operating system before the response leaves; ``--fsync always`` also
-survives power loss.
+survives power loss. WAL checkpoints run on a thread of their own
+(`atroposlib.api.wal_checkpoints`), not inside commits.
 
 Group payloads (the JSON of each stored item) live only here, not in Python memory,
 except between their insertion and its commit. ``--ephemeral`` puts the database in a
@@ -42,6 +43,7 @@ from typing import Any, Iterable, Iterator, Optional
 import orjson
 
 from atroposlib.api.items import stored_policy_version
+from atroposlib.api.wal_checkpoints import WalCheckpointer
 
 log = logging.getLogger("atroposlib.api")
 
@@ -70,6 +72,8 @@ CREATE TABLE IF NOT EXISTS idempotency (key TEXT PRIMARY KEY, t REAL NOT NULL, r
 
 _SYNCHRONOUS = {"always": "FULL", "batch": "NORMAL", "off": "OFF"}
 _STOP = object()
+# What a statement writes to the WAL besides the payloads it carries: about a page.
+_STATEMENT_BYTES = 4096
 Statement = tuple[str, Any, bool]  # (sql, parameters, executemany)
 
 
@@ -99,10 +103,12 @@ class Journal:
         self._writer_db = _connect(path, fsync)
         self._writer_db.executescript(_SCHEMA)
         _migrate(self._writer_db)
+        self._writer_db.execute("PRAGMA wal_autocheckpoint=0")
+        self._checkpointer = WalCheckpointer(path, _SYNCHRONOUS[fsync])
         self._reader_db = _connect(path, fsync)
         self._unit: Optional[list[Statement]] = None
         self._uncommitted: dict[int, bytes] = {}
-        self._queue: "queue.Queue[Any]" = queue.Queue()
+        self._queue: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
         self._enqueued = 0
         self._committed = 0
         self._failure: Optional[BaseException] = None
@@ -192,6 +198,7 @@ class Journal:
                 db.execute("ROLLBACK")
             self._failure = exc
         inserted = [p[0] for unit in units for sql, p, many in unit if sql.startswith("INSERT INTO items")]
+        statements = sum(len(unit) for unit in units)
         with self._committed_event:
             self._committed += len(units)
             self._committed_event.notify_all()
@@ -200,12 +207,13 @@ class Journal:
             self._waiters = [w for w in self._waiters if w[0] > self._committed]
         for _, loop, future in ready:
             loop.call_soon_threadsafe(_resolve, future, self._failure)
-        for seq in inserted:
-            self._uncommitted.pop(seq, None)
+        payload_bytes = sum(len(self._uncommitted.pop(seq, b"")) for seq in inserted)
+        self._checkpointer.wrote(payload_bytes + statements * _STATEMENT_BYTES)
 
     def close(self) -> None:
         self._queue.put(_STOP)
         self._writer.join(60)
+        self._checkpointer.close()
         self._writer_db.close()
         self._reader_db.close()
         if self._lock_file is not None:

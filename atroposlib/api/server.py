@@ -21,7 +21,6 @@ from fastapi.exceptions import RequestValidationError
 from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
-from starlette.middleware.gzip import GZipMiddleware
 from starlette.responses import Response
 from starlette.routing import BaseRoute, compile_path
 
@@ -29,7 +28,7 @@ from atroposlib.api import routes_env, routes_ops, routes_trainer
 from atroposlib.api.contract import install_contract
 from atroposlib.api.errors import ApiError, BodyInvalid, describe_validation_problems, validation_error
 from atroposlib.api.metrics import ApiMetrics
-from atroposlib.api.middleware import BearerAuth, BodyLimits, DurableResponses, JsonBodies
+from atroposlib.api.middleware import BearerAuth, BodyLimits, CompressedResponses, DurableResponses, JsonBodies
 from atroposlib.api.runtime import Runtime
 from atroposlib.api.settings import ApiSettings
 from atroposlib.api.status_math import MIN_ENV_WEIGHT
@@ -51,6 +50,7 @@ log = logging.getLogger("atroposlib.api")
 RESPONSE_GZIP_LEVEL = 1
 RESPONSE_GZIP_MIN_BYTES = 1000
 PUBLIC_PATHS = {"/", "/health"}
+SUBMISSION_PATHS = frozenset({"/scored_data", "/scored_data_list"})
 # Swagger UI (/docs), ReDoc (/redoc) and their assets come from the installed package,
 # not a CDN, so the docs work offline; documentation needs no API key.
 DOCS_ASSETS_URL = "/docs-assets"
@@ -78,7 +78,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        get_runtime()
+        await get_runtime().validators.start()
         yield
         if "runtime" in holder:
             holder.pop("runtime").close()
@@ -119,7 +119,10 @@ def _install_middleware(
         on_accepted=lambda problem: runtime().ledger.record([problem]),
         on_refused=lambda _: metrics.rejected.labels(reason="unsupported_media_type").inc(),
     )
-    app.add_middleware(GZipMiddleware, minimum_size=RESPONSE_GZIP_MIN_BYTES, compresslevel=RESPONSE_GZIP_LEVEL)
+    app.add_middleware(
+        CompressedResponses, small_response_paths=SUBMISSION_PATHS,
+        minimum_size=RESPONSE_GZIP_MIN_BYTES, compresslevel=RESPONSE_GZIP_LEVEL,
+    )
     app.add_middleware(
         BodyLimits,
         max_body_bytes=settings.max_body_bytes,

@@ -59,8 +59,7 @@ class ApiSettings(BaseModel):
         default=None, ge=0, le=64,
         description="Processes that parse large submissions (16 KiB or more on the wire) off "
         "the event loop; 0 parses everything in the server process. Workers hold no state "
-        "(default: usable CPUs - 2, between 0 and 4: on 2 CPUs a worker competes with the "
-        "server and its clients and ingest is slower with it).",
+        "(default: one per usable CPU, at most 4; none on a single CPU).",
     )
     max_body_bytes: int = Field(
         default=256 * MiB, ge=1, description="Largest request body accepted (413 beyond)."
@@ -137,7 +136,7 @@ class ApiSettings(BaseModel):
         if self.validation_workers is not None:
             return self.validation_workers
         usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)
-        return min(4, max(0, usable - 2))
+        return min(4, usable) if usable > 1 else 0
 
     def cors_origin_list(self) -> list[str]:
         return [o.strip() for o in (self.cors_origins or "").split(",") if o.strip()]

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import os
-import signal
 import random
+import signal
+import subprocess
+import sys
 
 import orjson
 import pytest
 
-from atroposlib.api.validator_pool import POOL_MIN_BYTES
+from atroposlib.api.validation import BodyInvalid
+from atroposlib.api.validator_pool import POOL_MIN_BYTES, ValidatorPool
 from tests.conftest import group, start_run
 
 GZIP = {"Content-Encoding": "gzip", "Content-Type": "application/json"}
@@ -81,12 +85,72 @@ def test_a_dead_worker_is_replaced_without_failing_requests(pooled) -> None:
     assert pooled.get("/status").json()["queue_size"] == 3
 
 
-@pytest.mark.parametrize("cpus, workers", [(1, 0), (2, 0), (3, 1), (4, 2), (16, 4)])
-def test_the_default_leaves_two_cpus_to_the_server_and_its_clients(cpus: int, workers: int,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    # measured on 2 CPUs (bench/api_throughput.py): one worker made ingest ~1.6x slower there
+@pytest.mark.parametrize("cpus, workers", [(1, 0), (2, 2), (3, 3), (4, 4), (16, 4)])
+def test_the_default_is_one_worker_per_cpu(cpus: int, workers: int, monkeypatch: pytest.MonkeyPatch) -> None:
     from atroposlib.api.settings import ApiSettings
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cpus)), raising=False)
     assert ApiSettings().resolved_validation_workers() == workers
     assert ApiSettings(validation_workers=3).resolved_validation_workers() == 3
+
+
+def test_bodies_arriving_while_the_worker_starts_are_checked_inline() -> None:
+    pool = ValidatorPool(1, "warn", 1 << 30)
+    body = orjson.dumps(big_group(score=7))
+
+    async def first_submission() -> tuple[int, bool]:
+        submission = await pool.inspect(body, gzipped=False)
+        return submission.size, pool._workers[0].ready
+
+    try:
+        assert asyncio.run(first_submission()) == (8, False)
+    finally:
+        pool.close()
+    assert pool.live_workers() == []
+
+
+def test_pipelined_bodies_get_their_own_answers_in_order() -> None:
+    pool = ValidatorPool(1, "warn", 1 << 30)
+    bodies = [orjson.dumps(big_group(score=s, submission_id=f"id-{s}")) for s in range(12)]
+    bad = big_group()
+    bad["masks"] = bad["masks"][:-1]
+    bodies[5] = orjson.dumps(bad)
+
+    async def submit_all() -> list[object]:
+        await pool.inspect(bodies[0], gzipped=False)  # starts the worker
+        while not pool._workers[0].ready:
+            await asyncio.sleep(0.05)
+        return await asyncio.gather(*(pool.inspect(b, gzipped=False) for b in bodies), return_exceptions=True)
+
+    try:
+        outcomes = asyncio.run(submit_all())
+    finally:
+        pool.close()
+    assert isinstance(outcomes[5], BodyInvalid) and "body.masks" in str(outcomes[5])
+    assert [o.submission_id for i, o in enumerate(outcomes) if i != 5] == [f"id-{s}" for s in range(12) if s != 5]
+
+
+def test_the_worker_imports_neither_fastapi_nor_the_server() -> None:
+    code = ("import sys, atroposlib.api.validator_pool; "
+            "print(any(m in sys.modules for m in ('fastapi', 'atroposlib.api.server')))")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+
+
+def test_the_server_starts_its_workers_when_it_starts(make_client) -> None:
+    client = make_client(validation_workers=2)
+    assert len(client.app.state.runtime().validators.live_workers()) == 2
+
+
+def test_workers_that_cannot_start_leave_the_checks_to_the_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "executable", "/bin/false")  # every worker exits at once
+    pool = ValidatorPool(2, "warn", 1 << 30)
+
+    async def start_then_submit() -> int:
+        await pool.start()
+        return (await pool.inspect(orjson.dumps(big_group()), gzipped=False)).size
+
+    try:
+        assert asyncio.run(start_then_submit()) == 8
+        assert pool.workers == 0
+    finally:
+        pool.close()

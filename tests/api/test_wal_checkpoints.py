@@ -1,0 +1,87 @@
+"""The state journal's WAL is checkpointed by its own thread, never inside a commit."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from pathlib import Path
+
+from atroposlib.api.journal import Journal
+from atroposlib.api.wal_checkpoints import WalCheckpointer
+
+MiB = 1024 * 1024
+
+
+def wal_database(path: Path) -> sqlite3.Connection:
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA wal_autocheckpoint=0")
+    db.execute("CREATE TABLE blobs (data BLOB)")
+    return db
+
+
+def wait_for(condition, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return condition()
+
+
+def test_enough_written_bytes_start_a_checkpoint(tmp_path: Path) -> None:
+    path = tmp_path / "state.sqlite3"
+    db = wal_database(path)
+    db.execute("INSERT INTO blobs VALUES (?)", (os.urandom(2 * MiB),))
+    checkpointer = WalCheckpointer(str(path), "NORMAL", every_bytes=4 * MiB)
+    try:
+        checkpointer.wrote(2 * MiB)
+        time.sleep(0.3)
+        assert path.stat().st_size < MiB  # below the threshold: still only in the WAL
+        checkpointer.wrote(2 * MiB)
+        assert wait_for(lambda: path.stat().st_size > 2 * MiB)
+    finally:
+        checkpointer.close()
+        db.close()
+
+
+def test_commits_leave_checkpoints_to_the_thread(tmp_path: Path) -> None:
+    journal = Journal(tmp_path, "batch")
+    payload = os.urandom(MiB)
+    try:
+        for seq in range(1, 7):  # 6 MiB: SQLite alone would have checkpointed at 4 MiB
+            with journal.transaction():
+                journal.insert_item(seq, seq, "queued", 0, 8, 0.0, payload)
+            journal.flush()
+        assert (tmp_path / "state.sqlite3").stat().st_size < MiB
+        for seq in range(7, 10):  # past 8 MiB: the thread copies the WAL into the database
+            with journal.transaction():
+                journal.insert_item(seq, seq, "queued", 0, 8, 0.0, payload)
+        journal.flush()
+        assert wait_for(lambda: (tmp_path / "state.sqlite3").stat().st_size > 8 * MiB)
+        assert journal.item_payloads(list(range(1, 10))) == [payload] * 9
+    finally:
+        journal.close()
+    reopened = Journal(tmp_path, "batch")
+    try:
+        assert len(reopened.item_payloads(list(range(1, 10)))) == 9
+    finally:
+        reopened.close()
+
+
+def test_the_wal_stays_bounded_under_steady_writes(tmp_path: Path) -> None:
+    path = tmp_path / "state.sqlite3"
+    db = wal_database(path)
+    checkpointer = WalCheckpointer(str(path), "NORMAL", every_bytes=MiB, restart_bytes=4 * MiB)
+    wal = Path(str(path) + "-wal")
+    largest = 0
+    try:
+        for _ in range(160):  # 40 MiB written without a pause
+            db.execute("INSERT INTO blobs VALUES (?)", (os.urandom(256 * 1024),))
+            checkpointer.wrote(256 * 1024)
+            largest = max(largest, wal.stat().st_size)
+    finally:
+        checkpointer.close()
+        db.close()
+    assert largest < 16 * MiB
