@@ -11,9 +11,9 @@ checked inline, where a round trip would cost more than it saves.
 The server starts its workers, and waits until they are ready, before it accepts
 connections (`ValidatorPool.start`); a pool used without that starts them with the
 first large body and checks bodies inline, rather than keeping them waiting, until a
-worker has finished importing (about half a second). A
-worker that dies is replaced, and the requests it held are checked inline; if one dies
-before it is ready, the pool stops using workers.
+worker has finished importing (about half a second). A worker that dies is replaced,
+and the requests it held are checked inline; if one dies before it is ready, the pool
+stops using workers.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ _GZIP_FLAG, _PLAIN_FLAG = b"\x01", b"\x00"
 _READY = b"ready"
 # multiprocessing.connection's framing: a 4-byte big-endian signed length, then the bytes.
 _FRAME_HEADER = struct.Struct("!i")
+_LARGEST_FRAME = 2**31 - 1
 
 
 def _encode_outcome(body: bytes, level: str, cap: int) -> bytes:
@@ -141,7 +142,11 @@ class _Worker:
         self.in_flight.append(future)
         flag = _GZIP_FLAG if gzipped else _PLAIN_FLAG
         self._writer.writelines((_FRAME_HEADER.pack(1 + len(body)), flag, body))
-        await self._writer.drain()
+        try:
+            await self._writer.drain()
+        except ConnectionError:
+            future.cancel()  # the caller checks the body itself
+            raise
         return await future
 
     def stop(self) -> None:
@@ -208,7 +213,7 @@ class ValidatorPool:
     async def inspect(self, body: bytes, gzipped: bool) -> Submission:
         """Parse and check one group body; raises `BodyInvalid`, `InvalidGzip` or
         `PayloadTooLarge` for a bad one."""
-        worker = self._pick_worker() if self._size and len(body) >= POOL_MIN_BYTES else None
+        worker = self._pick_worker() if self._size and POOL_MIN_BYTES <= len(body) < _LARGEST_FRAME else None
         if worker is not None:
             try:
                 return _decode_outcome(await worker.check(body, gzipped))
