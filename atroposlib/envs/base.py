@@ -45,6 +45,8 @@ __all__ = [
 ]
 
 log = logging.getLogger("atroposlib.envs")
+# How long the first rollouts run before the tokenizer thread competes with them for the GIL.
+TOKENIZER_HEAD_START_S = 0.25
 
 Groups = Union[ScoredDataGroup, list[Optional[ScoredDataGroup]], None]
 
@@ -145,7 +147,13 @@ class BaseEnv(ABC):
 
     def start_loading_tokenizer(self) -> None:
         """Load the tokenizer in a thread while the first requests are out; a failure there is
-        left for the first use to raise, where the run reports it."""
+        left for the first use to raise, where the run reports it.
+
+        Called from a running event loop, the thread starts `TOKENIZER_HEAD_START_S` later:
+        its imports hold the GIL most of the time, and the rollouts just started need it to
+        build and send their first requests. A rollout that needs the tokenizer sooner loads
+        it itself (the thread then finds it loaded).
+        """
 
         def load() -> None:
             try:
@@ -153,8 +161,14 @@ class BaseEnv(ABC):
             except Exception:
                 pass
 
-        if self._tokenizer is None:
-            threading.Thread(target=load, name="tokenizer-loader", daemon=True).start()
+        def start() -> None:
+            if self._tokenizer is None:
+                threading.Thread(target=load, name="tokenizer-loader", daemon=True).start()
+
+        try:
+            asyncio.get_running_loop().call_later(TOKENIZER_HEAD_START_S, start)
+        except RuntimeError:  # no event loop: start now
+            start()
 
     # -- configuration ---------------------------------------------------------------------
     @classmethod

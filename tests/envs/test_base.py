@@ -1,16 +1,18 @@
-"""BaseEnv's bookkeeping: dropped groups are explained once and counted, evaluations are timed."""
+"""BaseEnv's bookkeeping: dropped groups are explained once and counted, evaluations are timed,
+the tokenizer loads behind the first rollouts."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import threading
 from pathlib import Path
 from typing import Any, Optional
 
 import pytest
 
-from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig
+from atroposlib.envs.base import TOKENIZER_HEAD_START_S, APIServerConfig, BaseEnv, BaseEnvConfig
 
 
 class Scripted(BaseEnv):
@@ -121,3 +123,22 @@ def test_evaluate_log_can_be_awaited_as_in_atropos(tokenizer_dir: Path, tmp_path
     metrics = json.loads((tmp_path / "evals" / "metrics.json").read_text())
     assert metrics["results"]["all"]["eval/accuracy"] == 0.5
     assert (tmp_path / "evals" / "samples.jsonl").exists()
+
+
+def test_the_tokenizer_thread_gives_the_first_rollouts_a_head_start(tokenizer_dir: Path, tmp_path: Path) -> None:
+    env = make_env(tokenizer_dir, tmp_path)
+    seen = []
+
+    def loading_or_loaded() -> bool:
+        return env._tokenizer is not None or any(t.name == "tokenizer-loader" for t in threading.enumerate())
+
+    async def start_rollouts() -> None:
+        env.start_loading_tokenizer()
+        await asyncio.sleep(0)
+        seen.append(loading_or_loaded())
+        await asyncio.sleep(TOKENIZER_HEAD_START_S + 0.1)
+        seen.append(loading_or_loaded())
+
+    asyncio.run(start_rollouts())
+    assert seen == [False, True]
+    assert env.tokenizer.encode("hello")
