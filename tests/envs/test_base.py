@@ -12,7 +12,12 @@ from typing import Any, Optional
 
 import pytest
 
-from atroposlib.envs.base import TOKENIZER_HEAD_START_S, APIServerConfig, BaseEnv, BaseEnvConfig
+from atroposlib.envs.base import (
+    TOKENIZER_HEAD_START_S,
+    APIServerConfig,
+    BaseEnv,
+    BaseEnvConfig,
+)
 
 
 class Scripted(BaseEnv):
