@@ -8,7 +8,10 @@ same prompt and sampling: ``small_sums_env.py evaluate``) on the starting weight
 checkpoints every ``--eval-every`` steps, all through one vLLM server whose weights are
 reloaded in place. Writes a PNG (batch reward per step, held-out accuracy per checkpoint
 against wall time) and a JSON of every figure, and prints the summary: CPU, wall time,
-training positions/s, generation tokens/s. Needs the vLLM runtime (`atropos-vllm install`)
+training positions/s, generation tokens/s. Every process runs with its defaults: the trainer
+computes in the dtype ``--dtype auto`` picks on this machine (bfloat16 on a CPU with bf16
+instructions, float32 without) over float32 master weights, and the evaluation's vLLM in the
+dtype ``atropos-vllm serve`` picks. Needs the vLLM runtime (`atropos-vllm install`)
 and the prepared model (`atropos-prepare-model`); no GPU, no internet. Not a CI test: on a
 2-core CPU it takes up to an hour. Run it with the machine to itself.
 
@@ -35,7 +38,7 @@ from typing import Any, Optional
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from atroposlib.local.cpu import read_cpu  # noqa: E402
+from atroposlib.local.cpu import choose_dtype, read_cpu  # noqa: E402
 from atroposlib.local.prepare_model import prepare_model  # noqa: E402
 from atroposlib.local.signals import stop_signals_raise  # noqa: E402
 from atroposlib.local.vllm_service import LocalVLLM, free_port  # noqa: E402
@@ -90,7 +93,7 @@ def processes(args: argparse.Namespace, model: Path, work: Path) -> dict[str, li
             sys.executable, "-u", "-m", "example_trainer.grpo", "--model-name", str(model),
             "--training-steps", str(args.steps), "--batch-size", str(args.micro_batch),
             "--gradient-accumulation-steps", str(sequences // args.micro_batch), "--seq-len", "256",
-            "--max-model-len", "512", "--optimizer", "adamw", "--lr", str(args.lr), "--dtype", "float32",
+            "--max-model-len", "512", "--optimizer", "adamw", "--lr", str(args.lr),
             "--weight-bridge-mode", "reload", "--vllm-restart-interval", str(args.sync_every),
             "--checkpoint-interval", "0", "--vllm-port", str(vllm_port), "--atropos-url", api,
             "--save-path", str(work / "checkpoints"), "--log-dir", str(work), *args.trainer_flag],
@@ -187,7 +190,7 @@ def evaluate_checkpoints(args: argparse.Namespace, model: Path, work: Path,
     if (work / "checkpoints" / "final_model").is_dir():
         checkpoints.append((len(steps), work / "checkpoints" / "final_model"))
     results = []
-    with LocalVLLM(model, dtype="float32", max_model_len=512, log_path=work / "eval-vllm.log") as server:
+    with LocalVLLM(model, max_model_len=512, log_path=work / "eval-vllm.log") as server:
         for step, weights in dict(checkpoints).items():
             if step:
                 server.reload_weights(weights, policy_version=step)
@@ -220,11 +223,16 @@ def plot(result: Result, png: Path) -> None:
                        textcoords="offset points", xytext=(0, 6), ha="center", fontsize=8)
     right.set(xlabel="training wall time (min)", ylabel="accuracy", ylim=(0, 1),
               title=f"Held-out sums ({result.evaluations[0].answers} answers, T={result.settings['temperature']})")
-    figure.suptitle(f"atroposlib GRPO, SmolLM2-135M-Instruct, float32, {result.cpu} ({result.cores} cores)",
-                    fontsize=10)
+    figure.suptitle(f"atroposlib GRPO, SmolLM2-135M-Instruct, {precision(result)}, {result.cpu} "
+                    f"({result.cores} cores)", fontsize=10)
     figure.tight_layout()
     png.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(png, dpi=110)
+
+
+def precision(result: Result) -> str:
+    dtype = result.settings["dtype"]
+    return f"{dtype} compute, float32 master weights" if dtype != "float32" else "float32"
 
 
 def summary(result: Result) -> str:
@@ -232,7 +240,7 @@ def summary(result: Result) -> str:
     positions = [s.positions_per_s for s in result.steps if s.positions_per_s]
     step_times = [s.step_time for s in result.steps if s.step_time]
     return "\n".join([
-        f"{result.cpu}, {result.cores} cores; SmolLM2-135M-Instruct float32; {len(result.steps)} steps",
+        f"{result.cpu}, {result.cores} cores; SmolLM2-135M-Instruct, {precision(result)}; {len(result.steps)} steps",
         f"held-out accuracy: {first.accuracy:.3f} before, {last.accuracy:.3f} after ({last.answers} answers each)",
         f"training wall time {result.training_seconds / 60:.1f} min ({result.training_seconds / max(len(result.steps), 1):.1f}"
         f" s per step, of which {sum(step_times) / max(len(step_times), 1):.1f} s in the optimizer step), "
@@ -241,6 +249,14 @@ def summary(result: Result) -> str:
         f"(vLLM alone, {4 * result.settings['groups_per_step']} requests of {result.settings['group_size']}) "
         f"{result.generation_tokens_per_s:.0f} tokens/s",
     ])
+
+
+def dtype_of(args: argparse.Namespace, flags: frozenset[str]) -> str:
+    """The dtype the trainer computes in: a ``--trainer-flag=--dtype=...`` or what ``auto`` picks here."""
+    for flag in args.trainer_flag:
+        if flag.startswith("--dtype="):
+            return flag.split("=", 1)[1]
+    return choose_dtype(flags).dtype
 
 
 def main() -> None:
@@ -266,7 +282,7 @@ def main() -> None:
     cpu = read_cpu()
     result = Result(cpu=cpu.model_name, cores=os.cpu_count() or 1,
                     settings={k: v for k, v in vars(args).items() if k not in ("png", "json", "keep")} |
-                    {"avx512_bf16": "avx512_bf16" in cpu.flags})
+                    {"avx512_bf16": "avx512_bf16" in cpu.flags, "dtype": dtype_of(args, cpu.flags)})
     started = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="learning-demo-"))
     try:

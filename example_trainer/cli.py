@@ -130,8 +130,9 @@ def _vllm_args(parser: argparse.ArgumentParser) -> None:
                        type=float, default=0.45, help="fraction of GPU memory vLLM may use")
     group.add_argument("--max-model-len", type=int, default=4096, help="vLLM's context length")
     group.add_argument("--dtype", choices=DTYPES, default="auto",
-                       help="weights dtype for training and vLLM; auto: bfloat16 on GPUs, on CPUs bfloat16 "
-                            "only with bf16 instructions, else float32")
+                       help="compute dtype of training and vLLM's dtype (the trained weights and optimizer "
+                            "state stay float32); auto: bfloat16 on GPUs, on CPUs bfloat16 only with bf16 "
+                            "instructions, else float32")
     group.add_argument("--vllm-restart-interval", type=int, default=3, help="steps between weight syncs to vLLM")
     group.add_argument("--vllm-stop-during-train", action="store_true",
                        help="stop vLLM while a step trains (when both share a GPU without headroom)")

@@ -11,7 +11,8 @@ them with the step's global sequence and token counts, so the ranks' gradients a
 gradient of the whole batch: with ``--data-parallel ddp`` each rank holds the whole model and
 gradients are averaged (the loss is multiplied by the world size to turn the average into the
 sum); with ``fsdp`` (PyTorch's FSDP2, ``fully_shard`` per transformer block) parameters,
-gradients and optimizer state are sharded. Checkpoints are always full (rank 0 writes them,
+gradients and optimizer state are sharded, in float32, and gathered in the compute dtype
+(`example_trainer.precision`), gradients reduced in float32. Checkpoints are always full (rank 0 writes them,
 the optimizer state keyed by parameter name), so a run resumes at any world size.
 
 The backend is NCCL on GPUs and gloo on CPUs. A rank that fails ends its process; torchrun
@@ -30,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from example_trainer.config import TrainingConfig
+from example_trainer.precision import precision_for
 
 # Ranks other than 0 wait in a broadcast while rank 0 waits for the environments: allow long waits.
 COLLECTIVE_TIMEOUT = datetime.timedelta(hours=4)
@@ -148,20 +150,20 @@ def wrap(model: torch.nn.Module, config: TrainingConfig, ranks: Ranks) -> torch.
     if not ranks.distributed:
         return model
     if config.data_parallel == "fsdp":
-        return _fully_shard(model)
+        return _fully_shard(model, precision_for(config, ranks.world_size).fsdp_policy())
     from torch.nn.parallel import DistributedDataParallel
 
     device_ids = [ranks.local_rank] if config.device.startswith("cuda") else None
     return DistributedDataParallel(model, device_ids=device_ids)
 
 
-def _fully_shard(model: torch.nn.Module) -> torch.nn.Module:
+def _fully_shard(model: torch.nn.Module, policy: Any) -> torch.nn.Module:
     from torch.distributed.fsdp import fully_shard
 
     blocks = [module for name, module in model.named_modules() if _is_block(name)]
     for block in blocks:
-        fully_shard(block)
-    fully_shard(model)
+        fully_shard(block, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
     return model
 
 

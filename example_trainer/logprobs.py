@@ -14,11 +14,20 @@ With ``match_truncation=False`` only the temperature is applied (TRL's and verl'
 the trainer then scores tokens under the full distribution, whose probability of a sampled
 token is lower by the mass truncation removed, and the ratio starts below 1 by that much
 (``--tis-cap`` bounds the resulting correction).
+
+A sampled token can fall outside the trainer's truncated set: the sampler computed in
+another precision (a bfloat16 vLLM against the trainer's float32 masters) and the token sat
+at the edge of the nucleus, or the weights moved since the rollout was sampled. Its truncated
+log-probability is -inf, which would make the ratio 0, the importance weight and the KL
+estimate infinite and the step NaN. Such a token is scored under the untruncated
+distribution at the rollout's temperature instead (finite, and lower than the sampler's, so
+its ratio is small and the clip and ``--tis-cap`` treat it as a token the policy has moved
+away from); `ScoredTokens.outside` marks them, and the step line counts them.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 import torch
 import transformers
@@ -83,21 +92,29 @@ def model_logits_at(model: torch.nn.Module, tokens: torch.Tensor, positions: tor
     return model(tokens).logits[positions]
 
 
+def _tempered(logits: torch.Tensor, micro: MicroBatch) -> torch.Tensor:
+    """``[N, V]`` float32 logits at the trained positions divided by each rollout's temperature
+    (values <= 0 mean 1)."""
+    rollout = (micro.labels != LABEL_PAD).nonzero()[:, 0]
+    rows = logits.float()
+    temperatures = micro.temperatures.view(-1).to(rows.device, rows.dtype)[rollout]
+    return rows / torch.where(temperatures <= 0, torch.ones_like(temperatures), temperatures).unsqueeze(-1)
+
+
+def _truncated_as_sampled(rows: torch.Tensor, micro: MicroBatch) -> torch.Tensor:
+    rollout = (micro.labels != LABEL_PAD).nonzero()[:, 0]
+    assert micro.top_p is not None and micro.top_k is not None and micro.min_p is not None
+    return truncate(rows, micro.top_p.to(rows.device)[rollout], micro.top_k.to(rows.device)[rollout],
+                    micro.min_p.to(rows.device)[rollout])
+
+
 def trained_position_logits(logits: torch.Tensor, micro: MicroBatch, match_truncation: bool = True) -> torch.Tensor:
     """``[N, V]`` logits of the sampling distribution at the N trained positions of `micro`
     (``labels != -100``, row-major), from the model's logits there (`model_logits_at`):
     float32, divided by the rollout's temperature (values <= 0 mean 1) and, with
     `match_truncation`, truncated as the rollout was sampled."""
-    trained = micro.labels != LABEL_PAD
-    rollout = trained.nonzero()[:, 0]
-    rows = logits.float()
-    temperatures = micro.temperatures.view(-1).to(rows.device, rows.dtype)[rollout]
-    rows = rows / torch.where(temperatures <= 0, torch.ones_like(temperatures), temperatures).unsqueeze(-1)
-    if match_truncation and micro.truncated:
-        assert micro.top_p is not None and micro.top_k is not None and micro.min_p is not None
-        rows = truncate(rows, micro.top_p.to(rows.device)[rollout], micro.top_k.to(rows.device)[rollout],
-                        micro.min_p.to(rows.device)[rollout])
-    return rows
+    rows = _tempered(logits, micro)
+    return _truncated_as_sampled(rows, micro) if match_truncation and micro.truncated else rows
 
 
 @torch.no_grad()
@@ -108,16 +125,30 @@ def entropy(logits: torch.Tensor) -> torch.Tensor:
     return -torch.where(torch.isfinite(logp), logp.exp() * logp, torch.zeros_like(logp)).sum(-1)
 
 
+class ScoredTokens(NamedTuple):
+    """What `sampled_token_logprobs` computes, each ``[B, P]`` and 0 (False) where masked."""
+
+    logp: torch.Tensor
+    entropy: Optional[torch.Tensor]
+    outside: torch.Tensor  # sampled tokens outside the trainer's truncated set, scored untruncated
+
+
 def sampled_token_logprobs(model: torch.nn.Module, micro: MicroBatch, match_truncation: bool = True,
-                           with_entropy: bool = False) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+                           with_entropy: bool = False) -> ScoredTokens:
     """The model's log-probabilities of `micro`'s labels under each rollout's sampling
-    distribution (``[B, P]``, 0 where masked), and that distribution's entropy (``[B, P]``,
-    0 where masked) when asked."""
+    distribution (a token outside its truncated set under the untruncated one: see the module
+    docstring), that distribution's entropy when asked, and which tokens fell outside."""
     trained = micro.labels != LABEL_PAD
-    rows = trained_position_logits(model_logits_at(model, micro.tokens, trained), micro, match_truncation)
-    picked = rows.log_softmax(-1).gather(-1, micro.labels[trained].unsqueeze(-1)).squeeze(-1)
-    logp = torch.zeros(trained.shape, dtype=rows.dtype, device=rows.device).masked_scatter(trained, picked)
-    if not with_entropy:
-        return logp, None
-    spread = torch.zeros(trained.shape, dtype=rows.dtype, device=rows.device).masked_scatter(trained, entropy(rows))
-    return logp, spread
+    labels = micro.labels[trained].unsqueeze(-1)
+    tempered = _tempered(model_logits_at(model, micro.tokens, trained), micro)
+    rows = _truncated_as_sampled(tempered, micro) if match_truncation and micro.truncated else tempered
+    picked = rows.log_softmax(-1).gather(-1, labels).squeeze(-1)
+    outside = torch.isneginf(picked.detach())
+    if bool(outside.any()):
+        untruncated = tempered[outside].log_softmax(-1).gather(-1, labels[outside]).squeeze(-1)
+        picked = picked.masked_scatter(outside, untruncated)
+    blank = torch.zeros(trained.shape, dtype=rows.dtype, device=rows.device)
+    logp = blank.masked_scatter(trained, picked)
+    outside_positions = torch.zeros_like(trained).masked_scatter(trained, outside)
+    spread = blank.masked_scatter(trained, entropy(rows)) if with_entropy else None
+    return ScoredTokens(logp, spread, outside_positions)

@@ -1,16 +1,16 @@
 """The policy model the trainer updates, loaded ready for training.
 
 `load_model_and_tokenizer` reads a Hugging Face causal LM (``config.model_name``, or the
-checkpoint in ``config.resume_from``) in the dtype `TrainingConfig.resolved_dtype` picks,
-with FlashAttention-2 when it is installed on a GPU and PyTorch's SDPA otherwise, and (on a
+checkpoint in ``config.resume_from``) with float32 weights to train (the master copy of
+`example_trainer.precision`; the forward passes compute in ``--dtype``), with FlashAttention-2 when it is installed on a GPU and PyTorch's SDPA otherwise, and (on a
 GPU, or with ``--gradient-checkpointing``) turns on non-reentrant gradient checkpointing
 (activations are recomputed in the backward pass, which also works when the inputs of a
 checkpointed block need no gradient, as with frozen layers or LoRA). Then either:
 
 * full-model modes: ``train_layer_indices`` freezes every parameter outside the listed
   transformer blocks (``.layers.<i>.`` in its name); or
-* LoRA modes (``lora_only``, ``lora_restart``): the base model is frozen and PEFT adapters
-  are added on ``lora_target_modules`` (optionally only in ``lora_layer_indices``); with
+* LoRA modes (``lora_only``, ``lora_restart``): the base model is loaded in the compute
+  dtype and frozen, and float32 PEFT adapters are added on ``lora_target_modules`` (optionally only in ``lora_layer_indices``); with
   ``resume_from`` the adapter saved there is loaded, trainable, instead.
 
 Dropout is switched off (every ``nn.Dropout``, LoRA's included, and the attention dropout):
@@ -20,7 +20,8 @@ train mode, which gradient checkpointing needs.
 
 `reference_logprobs` gives the frozen reference policy a KL penalty can be measured
 against (``--kl-reference model``): the starting model, or in the LoRA modes the base
-model with the adapters switched off (no second copy of the weights).
+model with the adapters switched off (no second copy of the weights); a frozen copy is
+loaded in the compute dtype.
 """
 
 from __future__ import annotations
@@ -39,11 +40,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from example_trainer.config import TrainingConfig
 from example_trainer.data import MicroBatch
 from example_trainer.logprobs import ReferenceLogprobs, sampled_token_logprobs
+from example_trainer.precision import MASTER_DTYPE, compute_dtype, dtype_name
 
 log = logging.getLogger("example_trainer")
 
 LORA_MODES = ("lora_only", "lora_restart")
-TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 LAYER_PATTERN = re.compile(r"\.layers\.(\d+)\.")
 
 
@@ -60,9 +61,7 @@ def _dtype_argument(dtype: torch.dtype) -> dict[str, torch.dtype]:
     return {name: dtype}
 
 
-def _load_causal_lm(source: str, config: TrainingConfig) -> PreTrainedModel:
-    choice = config.resolved_dtype()
-    dtype = TORCH_DTYPES.get(choice.dtype, torch.bfloat16)  # "auto" only arises on GPUs: Atropos's bfloat16
+def _load_causal_lm(source: str, config: TrainingConfig, dtype: torch.dtype, role: str) -> PreTrainedModel:
     attention = attention_implementation(config.device)
     try:
         model = AutoModelForCausalLM.from_pretrained(source, attn_implementation=attention, **_dtype_argument(dtype))
@@ -72,8 +71,9 @@ def _load_causal_lm(source: str, config: TrainingConfig) -> PreTrainedModel:
         log.warning("FlashAttention-2 could not be used (%s): loading with sdpa", exc)
         attention = "sdpa"
         model = AutoModelForCausalLM.from_pretrained(source, attn_implementation=attention, **_dtype_argument(dtype))
-    print(f"[model] {source}: {str(dtype).removeprefix('torch.')} ({choice.reason}), attention {attention}",
-          flush=True)
+    choice = config.resolved_dtype()
+    print(f"[model] {source}: {role} in {dtype_name(dtype)}, compute in {choice.dtype} ({choice.reason}), "
+          f"attention {attention}", flush=True)
     return model
 
 
@@ -149,6 +149,17 @@ def disable_dropout(model: torch.nn.Module) -> int:
     return count
 
 
+def trained_in_master_dtype(model: torch.nn.Module) -> int:
+    """Make every trainable parameter float32 (PEFT keeps adapters of a low-precision base in
+    float32 already); returns how many were cast."""
+    cast = 0
+    for param in model.parameters():
+        if param.requires_grad and param.dtype != MASTER_DTYPE:
+            param.data = param.data.to(MASTER_DTYPE)
+            cast += 1
+    return cast
+
+
 def _tokenizer_source(config: TrainingConfig) -> str:
     if config.resume_from and (Path(config.resume_from) / "tokenizer_config.json").exists():
         return config.resume_from
@@ -160,13 +171,16 @@ def load_model_and_tokenizer(config: TrainingConfig) -> tuple[PreTrainedModel, P
     lora = config.weight_bridge_mode in LORA_MODES
     source = config.model_name if lora or not config.resume_from else config.resume_from
     tokenizer = AutoTokenizer.from_pretrained(_tokenizer_source(config))
-    model = _load_causal_lm(source, config)
+    # LoRA trains adapters only: the frozen base never changes, so the compute dtype loses nothing
+    weights_dtype = compute_dtype(config) if lora else MASTER_DTYPE
+    model = _load_causal_lm(source, config, weights_dtype, "frozen base" if lora else "weights to train")
     if lora:
         if config.train_layer_indices is not None:
             log.warning("--train-layer-indices applies to full-model modes; LoRA uses --lora-layer-indices")
         model = _wrap_lora(model, config)
     else:
         apply_train_layer_filter(model, config.train_layer_indices)
+    trained_in_master_dtype(model)
     if config.uses_gradient_checkpointing:
         _enable_gradient_checkpointing(model)
     disable_dropout(model)
@@ -184,16 +198,16 @@ def reference_logprobs(model: torch.nn.Module, config: TrainingConfig) -> Option
     if config.weight_bridge_mode in LORA_MODES:
         def base_without_adapters(micro: MicroBatch) -> torch.Tensor:
             with torch.no_grad(), model.disable_adapter():
-                return sampled_token_logprobs(model, micro, config.match_sampler_truncation)[0]
+                return sampled_token_logprobs(model, micro, config.match_sampler_truncation).logp
 
         return base_without_adapters
-    frozen = _load_causal_lm(config.model_name, config)
+    frozen = _load_causal_lm(config.model_name, config, compute_dtype(config), "frozen reference")
     frozen.requires_grad_(False)
     disable_dropout(frozen)
     frozen.to(config.device).eval()
 
     def starting_model(micro: MicroBatch) -> torch.Tensor:
         with torch.no_grad():
-            return sampled_token_logprobs(frozen, micro, config.match_sampler_truncation)[0]
+            return sampled_token_logprobs(frozen, micro, config.match_sampler_truncation).logp
 
     return starting_model

@@ -40,6 +40,7 @@ from example_trainer.model import load_model_and_tokenizer, reference_logprobs
 from example_trainer.training import (create_optimizer, finalize_training, log_metrics, run_training_step,
                                       setup_wandb)
 from example_trainer.distributed import Ranks, SharedFeed
+from example_trainer.precision import precision_for
 from example_trainer.vllm_manager import GenerationMeter
 from example_trainer.weight_sync import FollowerSync, WeightSync, make_weight_sync
 
@@ -58,6 +59,8 @@ class RegistrationMismatchError(TrainerError):
 
 # Registered settings that change what a batch is: a trainer must not carry on with another run's.
 BATCH_SHAPING = ("batch_size", "max_token_len", "max_staleness")
+# Steps in a row whose loss or gradient norm was not finite (each skipped) before the run stops.
+MAX_SKIPPED_STEPS = 3
 
 
 @dataclass
@@ -74,6 +77,8 @@ class Run:
     reference: Optional[ReferenceLogprobs] = None
     ranks: Ranks = Ranks()
     generation: GenerationMeter = field(default_factory=lambda: GenerationMeter(None))
+    scaler: Optional[torch.amp.GradScaler] = None
+    skipped_in_a_row: int = 0
     timings: dict[str, list[float]] = field(default_factory=lambda: {"step_times": [], "sync_times": []})
 
 
@@ -112,7 +117,7 @@ def train_ranks(config: TrainingConfig, ranks: Ranks) -> None:
         started = time.time()
         with leased_batches(config, ranks) as feed:
             run = Run(config, model, tokenizer, optimizer, sync, SharedFeed(feed, ranks), use_wandb, reference, ranks,
-                      GenerationMeter(sync.vllm))
+                      GenerationMeter(sync.vllm), precision_for(config, ranks.world_size).grad_scaler())
             initial = save(run, first_step) if sync.saves_adapters else config.resume_from or config.model_name
             ready = sync.start(initial, first_step)
             if ranks.is_main:
@@ -154,8 +159,10 @@ def train_step(run: Run, step: int) -> None:
     run.sync.before_training(sync_step)
     step_started = time.monotonic()
     with run.sync.training():
-        metrics = run_training_step(run.model, run.optimizer, batch, config, step, run.reference, run.ranks)
+        metrics = run_training_step(run.model, run.optimizer, batch, config, step, run.reference, run.ranks,
+                                    run.scaler)
     step_time = time.monotonic() - step_started
+    check_finite(run, metrics, done)
     sync_time = 0.0
     if sync_step or checkpoint_due(config, done):
         checkpoint = save(run, done)
@@ -178,6 +185,16 @@ def train_step(run: Run, step: int) -> None:
     log_metrics(metrics, done, run.use_wandb, benchmark=config.benchmark, extra_metrics={
         "train/batch_mean_score": metrics["mean_score"], "train/sequences": batch.num_sequences,
         "train/api_step": api_step})
+
+
+def check_finite(run: Run, metrics: dict[str, Any], done: int) -> None:
+    """Stop the run (`TrainerError`) after `MAX_SKIPPED_STEPS` steps in a row skipped for a
+    non-finite loss or gradient norm; the batch of the last one is not acknowledged."""
+    run.skipped_in_a_row = run.skipped_in_a_row + 1 if metrics.get("train/skipped_step") else 0
+    if run.skipped_in_a_row >= MAX_SKIPPED_STEPS:
+        raise TrainerError(f"steps {done - run.skipped_in_a_row + 1}-{done} all had a non-finite loss or gradient "
+                           f"norm (loss {metrics['loss']}, grad norm {metrics['grad_norm']}) and changed nothing: "
+                           "lower --lr, or check the rollouts' inference_logprobs and scores")
 
 
 def staleness_metrics(batch: PreparedBatch, step: int) -> dict[str, float]:
@@ -262,6 +279,9 @@ def check_inputs(config: TrainingConfig, ranks: Ranks = Ranks()) -> None:
     if ranks.distributed and config.data_parallel == "fsdp" and config.weight_bridge_mode in ("lora_only",
                                                                                            "lora_restart"):
         raise TrainerError("--data-parallel fsdp shards full models; LoRA adapters train with --data-parallel ddp")
+    if ranks.distributed and config.data_parallel == "fsdp" and config.resolved_dtype().dtype == "float16":
+        raise TrainerError("--dtype float16 needs loss scaling, which this trainer does not do on FSDP shards: "
+                           "use --dtype bfloat16, or --data-parallel ddp")
     if ranks.is_main and not check_atropos_api(config.atropos_url):
         raise TrainerError(f"no trajectory API answers at {config.atropos_url}: start one with `run-api` "
                            "or pass --atropos-url")
@@ -278,8 +298,9 @@ def announce(config: TrainingConfig, ranks: Ranks = Ranks()) -> None:
     else:
         vllm = f"vLLM log: {Path(config.log_dir) / 'vllm.log'}"
     processes = f", {ranks.world_size} processes ({config.data_parallel})" if ranks.distributed else ""
+    precision = precision_for(config, ranks.world_size).describe()
     print(f"GRPO trainer: {config.model_name}, mode {config.weight_bridge_mode}, {config.training_steps} steps "
-          f"on {config.device}{processes}\n  dtype: {dtype.dtype} ({dtype.reason})\n"
+          f"on {config.device}{processes}\n  dtype: {precision} ({dtype.reason})\n"
           f"  checkpoints: {config.save_path}, {vllm}")
 
 

@@ -5,7 +5,10 @@ sampled from (`example_trainer.logprobs`), the sampler's log-probabilities stand
 a rollout has none (or the run stops, per ``missing_logprobs``), and the configured policy
 loss (`example_trainer.loss`) is normalised by the whole step's sequences and tokens, so
 the micro-batches' gradients add up to the gradient of the batch taken at once. Then the
-gradient norm is clipped to 1 and the optimizer steps.
+gradient norm is clipped to 1 and the optimizer steps. Forward passes run in the compute
+dtype over float32 master weights (`example_trainer.precision`). A step whose loss or
+gradient norm is not finite changes nothing: the optimizer step is skipped with a warning
+and counted (``train/skipped_step``); the loop stops a run that keeps skipping.
 
 On several processes (`example_trainer.distributed`) each rank trains its share of the
 rollouts, gradients are averaged once per step, and the metrics are summed over the ranks
@@ -15,7 +18,9 @@ The step's metrics keep Atropos's names (``loss``, ``mean_ratio``, ``clipped_fra
 ``alignment/diff_mean``, ...) and add ``grpo/clip_binding_fraction`` (trained tokens whose
 gradient the clip removed), ``grpo/entropy`` (of the sampling distribution), ``grpo/kl``
 (k3 against the sampler), ``grpo/kl_reference`` (against the reference model, when one is
-used), ``grpo/tis_weight_mean`` and ``grpo/tis_capped_fraction`` (with ``--tis-cap``).
+used), ``grpo/tis_weight_mean`` and ``grpo/tis_capped_fraction`` (with ``--tis-cap``),
+``grpo/outside_truncation`` (sampled tokens outside the trainer's top-p/top-k/min-p set,
+scored untruncated: `example_trainer.logprobs`).
 The optimizer lives in `example_trainer.optim`, console and W&B output in
 `example_trainer.reporting`; both are re-exported here under Atropos's names.
 """
@@ -23,6 +28,7 @@ The optimizer lives in `example_trainer.optim`, console and W&B output in
 from __future__ import annotations
 
 import logging
+import math
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
@@ -35,6 +41,7 @@ from example_trainer.distributed import Ranks, max_float, sum_floats
 from example_trainer.logprobs import ReferenceLogprobs, sampled_token_logprobs
 from example_trainer.loss import LossSettings, LossTerms, StepTotals, k3, policy_loss
 from example_trainer.optim import create_optimizer, learning_rate
+from example_trainer.precision import Precision, precision_for
 from example_trainer.reporting import (TIMING_KEYS, console_line, finalize_training, log_metrics, setup_wandb,
                                        wandb_metrics)
 
@@ -67,7 +74,7 @@ def step_totals(batch: PreparedBatch, config: TrainingConfig) -> StepTotals:
 def token_logprobs(model: torch.nn.Module, micro: MicroBatch, match_truncation: bool = True) -> torch.Tensor:
     """``[B, P]`` log-probabilities of the labels under each rollout's sampling distribution
     (temperature, and top-p/top-k/min-p unless `match_truncation` is off); 0 where masked."""
-    return sampled_token_logprobs(model, micro, match_truncation)[0]
+    return sampled_token_logprobs(model, micro, match_truncation).logp
 
 
 def _sampler_logprobs(logp: torch.Tensor, micro: MicroBatch,
@@ -96,7 +103,7 @@ def _sampler_logprobs(logp: torch.Tensor, micro: MicroBatch,
 
 SUMMED_STATS = ("policy_tokens", "ratio", "outside_band", "clip_binds", "entropy", "kl", "kl_reference",
                 "tis_weight", "tis_capped", "diff", "diff_abs", "aligned_tokens", "pos_logp", "neg_logp",
-                "pos_count", "neg_count", "missing_count", "sft_count")
+                "pos_count", "neg_count", "missing_count", "sft_count", "outside_truncation")
 
 
 @dataclass
@@ -123,6 +130,7 @@ class MicroStats:
     neg_count: int = 0
     missing_count: int = 0
     sft_count: int = 0
+    outside_truncation: int = 0
     training_logprobs: list[torch.Tensor] = field(default_factory=list)
     inference_logprobs: list[torch.Tensor] = field(default_factory=list)
 
@@ -141,7 +149,7 @@ class MicroStats:
 @torch.no_grad()
 def _micro_stats(logp: torch.Tensor, sampled: torch.Tensor, terms: LossTerms, entropy: Optional[torch.Tensor],
                  micro: MicroBatch, missing: torch.Tensor, settings: LossSettings,
-                 reference_logp: Optional[torch.Tensor]) -> MicroStats:
+                 reference_logp: Optional[torch.Tensor], untruncated: torch.Tensor) -> MicroStats:
     mask = (micro.labels != LABEL_PAD).to(logp.dtype)
     sft = micro.sft.to(logp.device)
     policy = mask * (~sft).to(mask.dtype).unsqueeze(-1)
@@ -166,20 +174,22 @@ def _micro_stats(logp: torch.Tensor, sampled: torch.Tensor, terms: LossTerms, en
         diff_max=float(diff.abs().max()) if diff.numel() else 0.0, aligned_tokens=float(diff.numel()),
         pos_logp=float(sequence_logp[positive].sum()), neg_logp=float(sequence_logp[~positive].sum()),
         pos_count=int(positive.sum()), neg_count=int((~positive).sum()), missing_count=int(missing.sum()),
-        sft_count=int(sft.sum()), training_logprobs=[train_flat.cpu()], inference_logprobs=[inference_flat.cpu()])
+        sft_count=int(sft.sum()), outside_truncation=int((untruncated & policy.bool()).sum()),
+        training_logprobs=[train_flat.cpu()], inference_logprobs=[inference_flat.cpu()])
 
 
 def micro_batch_loss(model: torch.nn.Module, micro: MicroBatch, settings: LossSettings, totals: StepTotals, *,
                      missing_logprobs: str = "on_policy", match_truncation: bool = True,
                      reference: Optional[ReferenceLogprobs] = None) -> tuple[torch.Tensor, MicroStats]:
     """One micro-batch's share of the step's loss (ready for ``backward``) and its statistics."""
-    logp, entropy = sampled_token_logprobs(model, micro, match_truncation, with_entropy=True)
+    logp, entropy, outside = sampled_token_logprobs(model, micro, match_truncation, with_entropy=True)
     sampled, missing = _sampler_logprobs(logp, micro, missing_logprobs)
     reference_logp = reference(micro) if reference is not None else None
     mask = micro.labels != LABEL_PAD
     terms = policy_loss(logp, sampled, micro.advantages, mask, settings, totals, sft=micro.sft,
                         reference_logp=reference_logp)
-    return terms.loss, _micro_stats(logp.detach(), sampled, terms, entropy, micro, missing, settings, reference_logp)
+    return terms.loss, _micro_stats(logp.detach(), sampled, terms, entropy, micro, missing, settings, reference_logp,
+                                    outside)
 
 
 def compute_grpo_loss(model: torch.nn.Module, micro: MicroBatch, *, gradient_accumulation_steps: int,
@@ -227,7 +237,7 @@ def _step_metrics(stats: MicroStats, loss: float, lr: float, grad_norm: float, b
         **_spread("logprobs/inference", stats.inference_logprobs),
         "alignment/diff_mean": stats.diff / stats.aligned_tokens if stats.aligned_tokens else 0.0,
         "alignment/diff_abs_mean": stats.diff_abs / stats.aligned_tokens if stats.aligned_tokens else 0.0,
-        "alignment/diff_max": stats.diff_max,
+        "alignment/diff_max": stats.diff_max, "grpo/outside_truncation": stats.outside_truncation,
     }
     if with_reference:
         metrics["grpo/kl_reference"] = stats.mean("kl_reference")
@@ -251,12 +261,13 @@ def _gradient_sync(model: torch.nn.Module, last: bool) -> Iterator[None]:
         yield
 
 
-def _idle_pass(model: torch.nn.Module) -> None:
+def _idle_pass(model: torch.nn.Module, precision: Precision) -> None:
     """A forward and backward that change nothing, for a rank with fewer micro-batches than
     the others: FSDP gathers parameters in every pass and DDP averages gradients in the last,
     so every rank runs as many passes."""
-    logits = model(torch.zeros(1, 1, dtype=torch.long, device=next(model.parameters()).device)).logits
-    (logits.sum() * 0.0).backward()
+    with precision.autocast():
+        logits = model(torch.zeros(1, 1, dtype=torch.long, device=next(model.parameters()).device)).logits
+    (logits.float().sum() * 0.0).backward()
 
 
 def _all_ranks(stats: MicroStats, loss: float, ranks: Ranks) -> tuple[MicroStats, float]:
@@ -272,35 +283,62 @@ def _all_ranks(stats: MicroStats, loss: float, ranks: Ranks) -> tuple[MicroStats
 
 def run_training_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: PreparedBatch,
                       config: TrainingConfig, step_idx: int, reference: Optional[ReferenceLogprobs] = None,
-                      ranks: Ranks = Ranks()) -> dict[str, Any]:
+                      ranks: Ranks = Ranks(), scaler: Optional[torch.amp.GradScaler] = None) -> dict[str, Any]:
     """Forward and backward every micro-batch of this rank's share of the batch, clip the
-    gradient norm to 1, step; the step's metrics (over every rank)."""
+    gradient norm to 1, step (unless the loss or the norm is not finite); the step's metrics
+    (over every rank). `scaler` scales the loss of float16 compute (`Precision.grad_scaler`)."""
     lr = learning_rate(config, step_idx)
     for group in optimizer.param_groups:
         group["lr"] = lr
     settings, totals = loss_settings(config), step_totals(batch, config)
+    precision = precision_for(config, ranks.world_size)
     loss_sum, stats = 0.0, MicroStats()
     passes = max(1, int(max_float(len(batch.micro_batches), ranks)))
     for index in range(passes):
         with _gradient_sync(model, last=index == passes - 1):
             if index >= len(batch.micro_batches):
-                _idle_pass(model)
+                _idle_pass(model, precision)
                 continue
-            loss, micro_stats = micro_batch_loss(model, batch.micro_batches[index].to(config.device), settings,
-                                                 totals, missing_logprobs=config.missing_logprobs,
-                                                 match_truncation=config.match_sampler_truncation,
-                                                 reference=reference)
+            with precision.autocast():
+                loss, micro_stats = micro_batch_loss(model, batch.micro_batches[index].to(config.device), settings,
+                                                     totals, missing_logprobs=config.missing_logprobs,
+                                                     match_truncation=config.match_sampler_truncation,
+                                                     reference=reference)
             # data parallelism averages the ranks' gradients; the step's loss is their sum
-            (loss * ranks.world_size).backward()
+            summed = loss * ranks.world_size
+            (summed if scaler is None else scaler.scale(summed)).backward()
         loss_sum += float(loss.detach())
         stats.add(micro_stats)
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    grad_norm = torch.nn.utils.clip_grad_norm_(trainable, max_norm=MAX_GRAD_NORM)
-    if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor, reduced over the shards
-        grad_norm = grad_norm.full_tensor()
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    stats, loss_sum = _all_ranks(stats, loss_sum, ranks)
+    grad_norm, stepped = _optimizer_step(model, optimizer, scaler, loss_sum)
+    if not stepped and ranks.is_main:
+        log.warning("step %d: the loss (%s) or the gradient norm (%s) is not finite: optimizer step skipped, "
+                    "weights unchanged", step_idx + 1, loss_sum, grad_norm)
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    stats, loss_sum = _all_ranks(stats, loss_sum, ranks)
-    return _step_metrics(stats, loss_sum, lr, float(grad_norm), batch, settings, reference is not None)
+    metrics = _step_metrics(stats, loss_sum, lr, grad_norm, batch, settings, reference is not None)
+    metrics["train/skipped_step"] = 0 if stepped else 1
+    return metrics
+
+
+def _optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                    scaler: Optional[torch.amp.GradScaler], loss: float) -> tuple[float, bool]:
+    """Clip the gradient norm and step, unless the loss or the norm is not finite (every rank
+    sees the same reduced values, so every rank decides alike); the norm and whether it stepped."""
+    if scaler is not None:
+        scaler.unscale_(optimizer)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    norm = torch.nn.utils.clip_grad_norm_(trainable, max_norm=MAX_GRAD_NORM)
+    if hasattr(norm, "full_tensor"):  # FSDP2: a DTensor, reduced over the shards
+        norm = norm.full_tensor()
+    grad_norm = float(norm)
+    finite = math.isfinite(grad_norm) and math.isfinite(loss)
+    if scaler is None:
+        if finite:
+            optimizer.step()
+    else:
+        if finite:
+            scaler.step(optimizer)
+        scaler.update()  # an overflow lowers the loss scale
+    optimizer.zero_grad(set_to_none=True)
+    return grad_norm, finite

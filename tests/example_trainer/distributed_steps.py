@@ -7,7 +7,14 @@ Every rank builds the same batches (groups of different sizes and lengths, so th
 shares differ in size), trains its share with `run_training_step`, and rank 0 writes the full
 weights and each step's loss to ``--out``: the tests compare runs at world sizes 1 and 2.
 ``--save-at`` writes a checkpoint (through `trainers.save`) after that step and stops;
-``--resume`` starts from one, as ``--resume-from`` does.
+``--resume`` starts from one, as ``--resume-from`` does; ``--dtype`` and ``--lr`` set the
+compute dtype and the AdamW learning rate.
+
+``--gradient-cases`` instead takes, for each loss setting of `GRADIENT_CASES`, one step of
+plain SGD at learning rate 1 without clipping from the starting weights, on batches with
+off-policy sampler log-probabilities and top-p sampling: the weights' change is minus the
+gradient of the whole batch, which a scale error in combining the ranks would change (AdamW
+would hide it: its update barely depends on a uniform gradient scale).
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ from typing import Any
 
 import torch
 
-from example_trainer import distributed
+from example_trainer import distributed, training
 from example_trainer.checkpointing import load_resume_state, restore_optimizer_and_rng
 from example_trainer.config import TrainingConfig
 from example_trainer.data import prepare_batch
@@ -29,18 +36,53 @@ from example_trainer.training import run_training_step
 from example_trainer.weight_sync import FollowerSync
 
 GROUP_SIZES = (3, 2)  # five rollouts: ranks of a world of two get three and two
+# The loss settings whose one-step gradients must not depend on the number of ranks.
+GRADIENT_CASES: dict[str, dict[str, Any]] = {
+    "grpo": {"loss_type": "grpo", "kl_coef": 0.05},
+    "dr_grpo": {"loss_type": "dr_grpo", "kl_coef": 0.05},
+    "dapo": {"loss_type": "dapo", "kl_coef": 0.05, "epsilon_high": 0.28},
+    "gspo": {"loss_type": "gspo"},
+    "grpo_tis": {"loss_type": "grpo", "tis_cap": 2.0},
+    "dapo_tis": {"loss_type": "dapo", "tis_cap": 2.0, "dual_clip": 3.0},
+}
 
 
-def batch_items(step: int) -> list[dict[str, Any]]:
-    """The groups of step `step`: the same on every rank and in every run."""
+def batch_items(step: int, off_policy: bool = False) -> list[dict[str, Any]]:
+    """The groups of step `step`: the same on every rank and in every run. `off_policy` adds
+    sampler log-probabilities unlike the model's and top-p sampling at temperature 0.8."""
     rng = random.Random(step)
     items = []
     for size in GROUP_SIZES:
         lengths = [rng.randint(6, 14) for _ in range(size)]
         tokens = [[rng.randint(1, 300) for _ in range(length)] for length in lengths]
         masks = [[-100] * 3 + row[3:] for row in tokens]
-        items.append({"tokens": tokens, "masks": masks, "scores": [rng.choice([0.0, 0.5, 1.0]) for _ in lengths]})
+        item: dict[str, Any] = {"tokens": tokens, "masks": masks,
+                                "scores": [rng.choice([0.0, 0.5, 1.0]) for _ in lengths]}
+        if off_policy:
+            item["inference_logprobs"] = [[1.0] * 3 + [-rng.uniform(5.6, 6.1) for _ in row[3:]] for row in tokens]
+            item["generation_params"] = {"temperature": 0.8, "top_p": 0.9}
+        items.append(item)
     return items
+
+
+def gradient_cases(args: argparse.Namespace, ranks: distributed.Ranks) -> dict[str, dict[str, torch.Tensor]]:
+    """Each case's weight change after one SGD step at learning rate 1, unclipped (rank 0's)."""
+    training.MAX_GRAD_NORM = float("inf")
+    changes = {}
+    for name, options in GRADIENT_CASES.items():
+        config = TrainingConfig(model_name=args.model, device="cpu", dtype=args.dtype, batch_size=2,
+                                gradient_accumulation_steps=2, seq_len=64, data_parallel=args.data_parallel,
+                                **options)
+        model, _ = load_model_and_tokenizer(config)
+        before = {key: value.detach().clone() for key, value in model.state_dict().items()}
+        model = distributed.wrap(model, config, ranks)
+        batch = prepare_batch(batch_items(0, off_policy=True), config.batch_size, pack=True, pad_multiple=1,
+                              rank=ranks.rank, world_size=ranks.world_size)
+        run_training_step(model, torch.optim.SGD(model.parameters(), lr=1.0), batch, config, 0, ranks=ranks)
+        after = distributed.full_model_state(model, ranks) if ranks.distributed else model.state_dict()
+        if ranks.is_main:
+            changes[name] = {key: after[key].float() - before[key].float() for key in before}
+    return changes
 
 
 def main() -> None:
@@ -52,14 +94,22 @@ def main() -> None:
     parser.add_argument("--save-at", type=int, default=0)
     parser.add_argument("--save-path", default="")
     parser.add_argument("--resume", default="")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--gradient-cases", action="store_true")
     args = parser.parse_args()
-    config = TrainingConfig(model_name=args.model, device="cpu", dtype="float32", optimizer="adamw",
-                            lr=1e-3, batch_size=2, gradient_accumulation_steps=2, seq_len=64,
+    config = TrainingConfig(model_name=args.model, device="cpu", dtype=args.dtype, optimizer="adamw",
+                            lr=args.lr, batch_size=2, gradient_accumulation_steps=2, seq_len=64,
                             data_parallel=args.data_parallel, save_path=args.save_path or "unused",
                             resume_from=args.resume or None)
     ranks = distributed.start(config)
     try:
         torch.manual_seed(0)
+        if args.gradient_cases:
+            changes = gradient_cases(args, ranks)
+            if ranks.is_main:
+                torch.save({"changes": changes}, args.out)
+            return
         model, tokenizer = load_model_and_tokenizer(config)
         model = distributed.wrap(model, config, ranks)
         optimizer = create_optimizer(model, config)

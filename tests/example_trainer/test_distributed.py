@@ -1,5 +1,7 @@
 """The trainer on several processes (torch.distributed, gloo on the CPU): two ranks train
-like one, a two-rank checkpoint resumes in one process, and a rank that dies ends the run in
+like one (the same weights after AdamW steps, and the same gradient for every loss, on
+off-policy batches, with and without TIS), bfloat16 compute on two ranks keeps the float32
+update, a two-rank checkpoint resumes in one process, and a rank that dies ends the run in
 one line with its batch back in the API's queue."""
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from example_trainer.data import prepare_batch
 from example_trainer.distributed import Ranks, _is_block, ranks_from
 from example_trainer.cli import parse_config
 from tests.doc_commands import readme_arguments
-from tests.example_trainer.distributed_steps import batch_items
+from tests.example_trainer.distributed_steps import GRADIENT_CASES, batch_items
 from tests.example_trainer.test_trainers import post_groups
 from tests.helpers import ApiProcess, free_port
 from tests.local.stand_ins import stand_in_runtime
@@ -95,6 +97,54 @@ def test_a_two_rank_checkpoint_resumes_in_one_process(one_rank: dict, tiny_model
     assert (checkpoint / "optimizer.pt").is_file()
     resumed = run_steps(tiny_model, tmp_path / "resumed.pt", 1, "--resume", str(checkpoint))
     assert_same_training({**one_rank, "losses": one_rank["losses"][2:]}, resumed)
+
+
+@pytest.fixture(scope="module")
+def one_rank_gradients(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Each loss setting's one-step SGD change (minus the gradient) in one process."""
+    return run_steps(tiny_model, tmp_path_factory.mktemp("gradients") / "one.pt", 1, "--gradient-cases")["changes"]
+
+
+@pytest.mark.parametrize("data_parallel", ["ddp", "fsdp"])
+def test_two_ranks_compute_the_gradient_of_one_for_every_loss(data_parallel: str, one_rank_gradients: dict,
+                                                              tiny_model: Path, tmp_path: Path) -> None:
+    # Plain SGD, no clipping: a wrong world-size factor would scale these changes, which AdamW hides.
+    two = run_steps(tiny_model, tmp_path / "two.pt", 2, "--gradient-cases", "--data-parallel", data_parallel)
+    assert set(two["changes"]) == set(GRADIENT_CASES) == set(one_rank_gradients)
+    for case, changes in one_rank_gradients.items():
+        largest = max(float(change.abs().max()) for change in changes.values())
+        assert largest > 0, case
+        for name, change in changes.items():
+            torch.testing.assert_close(two["changes"][case][name], change, rtol=1e-4, atol=1e-4 * largest,
+                                       msg=f"{case}: {name}")
+
+
+def flat_update(weights: dict, start: dict) -> "torch.Tensor":
+    return torch.cat([(weights[name].float() - start[name].float()).flatten() for name in sorted(start)])
+
+
+@pytest.fixture(scope="module")
+def float32_update(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> "torch.Tensor":
+    """The weights' change after two AdamW steps at lr 1e-5 in float32, in one process."""
+    from safetensors.torch import load_file
+
+    trained = run_steps(tiny_model, tmp_path_factory.mktemp("fp32") / "fp32.pt", 1, "--lr", "1e-5", "--steps", "2")
+    return flat_update(trained["weights"], load_file(str(tiny_model / "model.safetensors")))
+
+
+@pytest.mark.parametrize("data_parallel", ["ddp", "fsdp"])
+def test_bfloat16_compute_on_two_ranks_keeps_the_float32_update(data_parallel: str, float32_update: "torch.Tensor",
+                                                                 tiny_model: Path, tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    start = load_file(str(tiny_model / "model.safetensors"))
+    reference = float32_update
+    mixed = run_steps(tiny_model, tmp_path / "bf16.pt", 2, "--lr", "1e-5", "--steps", "2", "--dtype", "bfloat16",
+                      "--data-parallel", data_parallel)["weights"]
+    update = flat_update(mixed, start)
+    assert float(update.norm() / reference.norm()) >= 0.5
+    assert float(torch.nn.functional.cosine_similarity(update, reference, dim=0)) >= 0.5
+    assert all(tensor.dtype == torch.float32 for tensor in mixed.values())
 
 
 def rank_command(api: ApiProcess, model: Path, tmp_path: Path, rank: int, init: str) -> list[str]:

@@ -85,15 +85,15 @@ def micro(labels: list[list[int]], temperature: float = 1.0, top_p: float = 1.0,
 def test_logprobs_are_those_of_the_temperature_scaled_truncated_distribution() -> None:
     # one position over 3 tokens with probabilities (at T=0.5) proportional to e^4, e^2, e^0
     model = Logits(torch.tensor([[[2.0, 1.0, 0.0], [0.0, 0.0, 0.0]]]))
-    full, spread = sampled_token_logprobs(model, micro([[1, -100]], temperature=0.5), with_entropy=True)
+    full, spread, _ = sampled_token_logprobs(model, micro([[1, -100]], temperature=0.5), with_entropy=True)
     norm = math.log(math.exp(4) + math.exp(2) + 1)
     assert full[0].tolist() == pytest.approx([2 - norm, 0.0])
     probs = np.exp(np.array([4.0, 2.0, 0.0]) - norm)
     assert spread[0, 0].item() == pytest.approx(float(-(probs * np.log(probs)).sum()), abs=1e-6)
     # top_k 2 drops token 2 and renormalises over the first two
-    cut, _ = sampled_token_logprobs(model, micro([[1, -100]], temperature=0.5, top_k=2))
+    cut = sampled_token_logprobs(model, micro([[1, -100]], temperature=0.5, top_k=2)).logp
     assert cut[0, 0].item() == pytest.approx(2 - math.log(math.exp(4) + math.exp(2)), abs=1e-6)
-    ignored, _ = sampled_token_logprobs(model, micro([[1, -100]], temperature=0.5, top_k=2), match_truncation=False)
+    ignored = sampled_token_logprobs(model, micro([[1, -100]], temperature=0.5, top_k=2), match_truncation=False).logp
     assert ignored[0, 0].item() == pytest.approx(2 - norm, abs=1e-6)
 
 
@@ -101,12 +101,26 @@ def test_only_trained_positions_are_scored_and_gradients_reach_their_logits() ->
     torch.manual_seed(0)
     model = Logits(torch.randn(2, 4, 10))
     batch = micro([[-100, 3, 4, -100], [5, -100, -100, -100]], temperature=0.7, top_p=0.8)
-    logp, _ = sampled_token_logprobs(model, batch)
+    logp = sampled_token_logprobs(model, batch).logp
     assert logp[0, 0].item() == 0.0 and logp[1, 1].item() == 0.0
     logp.sum().backward()
     grad = model.logits.grad
     assert grad is not None
     assert float(grad[0, 0].abs().sum()) == 0.0 and float(grad[0, 1].abs().sum()) > 0
+
+
+def test_a_sampled_token_outside_the_truncated_set_is_scored_untruncated_with_finite_gradients() -> None:
+    # token 2 (logit 0) is outside top-k 2 at the trainer: the sampler drew it, so it must stay finite
+    model = Logits(torch.tensor([[[2.0, 1.0, 0.0], [0.0, 0.0, 0.0]], [[2.0, 1.0, 0.0], [0.0, 0.0, 0.0]]]))
+    batch = micro([[2, -100], [1, -100]], temperature=0.5, top_k=2)
+    logp, _, outside = sampled_token_logprobs(model, batch)
+    norm = math.log(math.exp(4) + math.exp(2) + 1)
+    assert logp[0, 0].item() == pytest.approx(0 - norm, abs=1e-6)  # the untruncated distribution at T=0.5
+    assert logp[1, 0].item() == pytest.approx(2 - math.log(math.exp(4) + math.exp(2)), abs=1e-6)  # truncated
+    assert outside.tolist() == [[True, False], [False, False]]
+    logp.sum().backward()
+    assert model.logits.grad is not None and bool(torch.isfinite(model.logits.grad).all())
+    assert float(model.logits.grad[0, 0].abs().sum()) > 0
 
 
 def test_entropy_counts_truncated_tokens_as_impossible() -> None:
