@@ -7,10 +7,11 @@ On the tiny test model (a 2-layer Llama with the project's offline tokenizer) it
 in its own process, what a GPU run needs and no CPU test exercises:
 
 1. ``atropos-grpo`` itself, against ``run-api`` and a stand-in inference server that takes
-   ``POST /reload_weights`` (``tests/fake_openai.py``): bfloat16 training steps, sdpa
+   ``POST /reload_weights`` (``tests/fake_openai.py``): bfloat16 compute over float32 master
+   weights (the checkpoints float32), sdpa
    attention, gradient checkpointing, a checkpoint every step handed to the server
    (``--weight-bridge-mode reload``), then a second run resumed from the first checkpoint;
-2. LoRA: only the adapters train, in bfloat16 with gradient checkpointing;
+2. LoRA: only the (float32) adapters train, over a bfloat16 base with gradient checkpointing;
 3. DDP with one rank on NCCL (gloo on a CPU), under torchrun.
 
 Each check prints PASS or FAIL with its wall time; the exit status is 1 when one fails.
@@ -72,8 +73,11 @@ def trainer_command(model: Path, work: Path, device: str, api_url: str, server_u
 
 
 def check_trainer(model: Path, work: Path, device: str) -> str:
-    """bfloat16 steps with sdpa and gradient checkpointing, each checkpoint reloaded by the
-    stand-in server, then a run resumed from step 1."""
+    """bfloat16 steps over float32 master weights with sdpa and gradient checkpointing, each
+    (float32) checkpoint reloaded by the stand-in server, then a run resumed from step 1."""
+    import torch
+    from safetensors.torch import load_file
+
     port = free_port()
     server_log = open(work / "stand-in.log", "wb")
     server = subprocess.Popen([sys.executable, "-m", "tests.fake_openai", "--port", str(port)], cwd=ROOT,
@@ -84,6 +88,9 @@ def check_trainer(model: Path, work: Path, device: str) -> str:
             server_url = f"http://127.0.0.1:{port}"
             first = run(trainer_command(model, work, device, api.url, server_url, 2), work / "trainer.log")
             assert "attention sdpa" in first and dtype_of(device) in first, first[-1500:]
+            assert "weights to train in float32" in first, first[-1500:]  # float32 masters whatever the compute
+            saved = load_file(str(work / "checkpoints" / "step_1" / "model.safetensors"))
+            assert all(tensor.dtype == torch.float32 for tensor in saved.values()), "checkpoint not float32"
             resumed = run(trainer_command(model, work, device, api.url, server_url, 3, "--resume-from",
                                           str(work / "checkpoints" / "step_1"), "--replace-run"),
                           work / "resumed.log")

@@ -248,6 +248,9 @@ def test_the_gpu_smoke_passes_on_a_cpu(tmp_path: Path) -> None:
 @pytest.mark.parametrize("name, start", [
     pytest.param("bench-weight-sync", ".venv/bin/python bench/weight_sync.py", id="bench-weight-sync"),
     pytest.param("bench-learning-demo", ".venv/bin/python bench/learning_demo.py", id="bench-learning-demo"),
+    pytest.param("bench-learning-demo-bfloat16", ".venv/bin/python bench/learning_demo.py",
+                 id="bench-learning-demo-bfloat16"),
+    pytest.param("bench-precision", ".venv/bin/python bench/precision.py", id="bench-precision"),
     pytest.param("bench-trl-compare", ".venv/bin/python bench/trl_compare.py", id="bench-trl-compare"),
     pytest.param("bench-train-step", ".venv/bin/python bench/train_step.py", id="bench-train-step"),
 ])
