@@ -2,16 +2,18 @@
 
 `load_model_and_tokenizer` reads a Hugging Face causal LM (``config.model_name``, or the
 checkpoint in ``config.resume_from``) with float32 weights to train (the master copy of
-`example_trainer.precision`; the forward passes compute in ``--dtype``), with FlashAttention-2 when it is installed on a GPU and PyTorch's SDPA otherwise, and (on a
-GPU, or with ``--gradient-checkpointing``) turns on non-reentrant gradient checkpointing
+`example_trainer.precision`; forward passes compute in ``--dtype``), with FlashAttention-2
+when it is installed on a GPU and PyTorch's SDPA otherwise, and (on a GPU, or with
+``--gradient-checkpointing``) turns on non-reentrant gradient checkpointing
 (activations are recomputed in the backward pass, which also works when the inputs of a
 checkpointed block need no gradient, as with frozen layers or LoRA). Then either:
 
 * full-model modes: ``train_layer_indices`` freezes every parameter outside the listed
   transformer blocks (``.layers.<i>.`` in its name); or
 * LoRA modes (``lora_only``, ``lora_restart``): the base model is loaded in the compute
-  dtype and frozen, and float32 PEFT adapters are added on ``lora_target_modules`` (optionally only in ``lora_layer_indices``); with
-  ``resume_from`` the adapter saved there is loaded, trainable, instead.
+  dtype and frozen, and float32 PEFT adapters are added on ``lora_target_modules``
+  (optionally only in ``lora_layer_indices``); with ``resume_from`` the adapter saved there
+  is loaded, trainable, instead.
 
 Dropout is switched off (every ``nn.Dropout``, LoRA's included, and the attention dropout):
 the importance ratio compares the trainer's log-probabilities with the sampler's, and

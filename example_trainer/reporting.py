@@ -69,7 +69,8 @@ def console_line(metrics: dict[str, Any], step: int, benchmark: bool = False) ->
     parts += [f"advantages +{metrics.get('pos_count', 0)}/-{metrics.get('neg_count', 0)}",
               f"logp pos {metrics.get('pos_logp', 0.0):.3f} neg {metrics.get('neg_logp', 0.0):.3f}"]
     if metrics.get("grpo/outside_truncation"):
-        parts.append(f"{metrics['grpo/outside_truncation']} sampled tokens outside top-p/top-k/min-p scored untruncated")
+        parts.append(f"{metrics['grpo/outside_truncation']} sampled tokens outside top-p/top-k/min-p scored "
+                     "untruncated")
     if metrics.get("train/skipped_step"):
         parts.append("optimizer step SKIPPED (non-finite)")
     if metrics.get("train/too_long"):

@@ -35,12 +35,12 @@ from example_trainer.checkpointing import (TrainerState, load_resume_state, rest
                                            save_checkpoint, save_lora_checkpoint, save_tokenizer)
 from example_trainer.config import TrainingConfig
 from example_trainer.data import PreparedBatch, prepare_batch
+from example_trainer.distributed import Ranks, SharedFeed
 from example_trainer.logprobs import ReferenceLogprobs
 from example_trainer.model import load_model_and_tokenizer, reference_logprobs
+from example_trainer.precision import precision_for
 from example_trainer.training import (create_optimizer, finalize_training, log_metrics, run_training_step,
                                       setup_wandb)
-from example_trainer.distributed import Ranks, SharedFeed
-from example_trainer.precision import precision_for
 from example_trainer.vllm_manager import GenerationMeter
 from example_trainer.weight_sync import FollowerSync, WeightSync, make_weight_sync
 

@@ -16,12 +16,13 @@ from pathlib import Path
 import httpx
 import pytest
 
+from example_trainer.cli import parse_config
 from example_trainer.config import TrainingConfig
 from example_trainer.data import prepare_batch
 from example_trainer.distributed import Ranks, _is_block, ranks_from
-from example_trainer.cli import parse_config
 from tests.doc_commands import readme_arguments
 from tests.example_trainer.distributed_steps import GRADIENT_CASES, batch_items
+from tests.example_trainer.test_precision import flat_update
 from tests.example_trainer.test_trainers import post_groups
 from tests.helpers import ApiProcess, free_port
 from tests.local.stand_ins import stand_in_runtime
@@ -117,10 +118,6 @@ def test_two_ranks_compute_the_gradient_of_one_for_every_loss(data_parallel: str
         for name, change in changes.items():
             torch.testing.assert_close(two["changes"][case][name], change, rtol=1e-4, atol=1e-4 * largest,
                                        msg=f"{case}: {name}")
-
-
-def flat_update(weights: dict, start: dict) -> "torch.Tensor":
-    return torch.cat([(weights[name].float() - start[name].float()).flatten() for name in sorted(start)])
 
 
 @pytest.fixture(scope="module")
