@@ -44,7 +44,8 @@ from atroposlib.local.signals import stop_signals_raise  # noqa: E402
 from atroposlib.local.vllm_service import LocalVLLM, free_port  # noqa: E402
 
 STEP_LINE = re.compile(r"^step (\d+) \|.*\| batch score ([-+0-9.]+)")
-TOOK = re.compile(r"took ([0-9.]+)s, ([0-9]+) tok/s")
+TIMES = re.compile(r"time wait ([0-9.]+)s \+ train ([0-9.]+)s(?: \+ save ([0-9.]+)s)?(?: \+ sync ([0-9.]+)s)?")
+POSITIONS = re.compile(r"training ([0-9]+) positions/s")
 STALENESS = re.compile(r"staleness ([0-9.]+) \(max (\d+)\)")
 ENV = ROOT / "environments" / "small_sums_env.py"
 
@@ -59,6 +60,9 @@ class Step:
     step_time: float
     positions_per_s: float
     staleness: Optional[float]
+    wait_time: float = 0.0
+    save_time: float = 0.0
+    sync_time: float = 0.0
 
 
 @dataclass
@@ -79,8 +83,10 @@ class Result:
     steps: list[Step] = field(default_factory=list)
     evaluations: list[Evaluation] = field(default_factory=list)
     training_seconds: float = 0.0
+    evaluation_seconds: float = 0.0
     total_seconds: float = 0.0
     generation_tokens_per_s: float = 0.0
+    budget: dict[str, float] = field(default_factory=dict)
 
 
 def processes(args: argparse.Namespace, model: Path, work: Path) -> dict[str, list[str]]:
@@ -111,10 +117,26 @@ def parse_step(line: str, started: float) -> Optional[Step]:
     match = STEP_LINE.match(line)
     if match is None:
         return None
-    took, staleness = TOOK.search(line), STALENESS.search(line)
+    times, positions, staleness = TIMES.search(line), POSITIONS.search(line), STALENESS.search(line)
+    seconds = [float(value) if value else 0.0 for value in times.groups()] if times else [0.0] * 4
     return Step(step=int(match.group(1)), batch_reward=float(match.group(2)), seconds=time.monotonic() - started,
-                step_time=float(took.group(1)) if took else 0.0, positions_per_s=float(took.group(2)) if took else 0.0,
-                staleness=float(staleness.group(1)) if staleness else None)
+                step_time=seconds[1], positions_per_s=float(positions.group(1)) if positions else 0.0,
+                staleness=float(staleness.group(1)) if staleness else None, wait_time=seconds[0],
+                save_time=seconds[2], sync_time=seconds[3])
+
+
+def step_budget(result: Result) -> dict[str, float]:
+    """Where the run's wall time went, in seconds: start-up (the processes, the model, vLLM)
+    until the first step asked for a batch, then per step waiting for a batch (the generation
+    a step could not overlap), training, saving checkpoints and weight syncs, and the evaluation."""
+    steps = result.steps
+    spent = {"waiting for a batch": sum(s.wait_time for s in steps), "training": sum(s.step_time for s in steps),
+             "saving checkpoints": sum(s.save_time for s in steps), "weight sync": sum(s.sync_time for s in steps)}
+    first = steps[0] if steps else None
+    start_up = first.seconds - (first.wait_time + first.step_time + first.save_time + first.sync_time) if first else 0.0
+    other = result.training_seconds - start_up - sum(spent.values())
+    return {"start-up": start_up, **spent, "other (logging, acknowledgements, stopping)": other,
+            "evaluation": result.evaluation_seconds}
 
 
 def train(args: argparse.Namespace, model: Path, work: Path) -> tuple[list[Step], float]:
@@ -245,6 +267,7 @@ def summary(result: Result) -> str:
         f"training wall time {result.training_seconds / 60:.1f} min ({result.training_seconds / max(len(result.steps), 1):.1f}"
         f" s per step, of which {sum(step_times) / max(len(step_times), 1):.1f} s in the optimizer step), "
         f"whole run {result.total_seconds / 60:.1f} min",
+        "where the time went: " + ", ".join(f"{name} {seconds / 60:.1f} min" for name, seconds in result.budget.items()),
         f"training {sum(positions) / max(len(positions), 1):.0f} positions/s (forward and backward); generation "
         f"(vLLM alone, {4 * result.settings['groups_per_step']} requests of {result.settings['group_size']}) "
         f"{result.generation_tokens_per_s:.0f} tokens/s",
@@ -288,7 +311,10 @@ def main() -> None:
     try:
         with stop_signals_raise():
             result.steps, result.training_seconds = train(args, model, work)
+            evaluating = time.monotonic()
             result.evaluations, result.generation_tokens_per_s = evaluate_checkpoints(args, model, work, result.steps)
+            result.evaluation_seconds = time.monotonic() - evaluating
+            result.budget = step_budget(result)
     except KeyboardInterrupt as stop:
         raise SystemExit(f"{stop or 'interrupted'}: every process it started is stopped") from None
     finally:

@@ -13,7 +13,11 @@ import torch
 from atroposlib.envs.wandb_logging import WandbRun
 from example_trainer.config import TrainingConfig
 
-TIMING_KEYS = ("step_time", "sync_time", "data_fetch_time", "gpu_memory_gb", "gpu_memory_reserved_gb")
+TIMING_KEYS = ("step_time", "sync_time", "data_fetch_time", "checkpoint_time", "gpu_memory_gb",
+               "gpu_memory_reserved_gb")
+# Where a step's wall time goes, in the order it is spent: (metric, label on the step line).
+STEP_BUDGET = (("data_fetch_time", "wait"), ("step_time", "train"), ("checkpoint_time", "save"),
+               ("sync_time", "sync"))
 
 _wandb = WandbRun()
 
@@ -78,14 +82,17 @@ def console_line(metrics: dict[str, Any], step: int, benchmark: bool = False) ->
     if "mean_score" in metrics:
         parts.append(f"batch score {metrics['mean_score']:+.3f}")
     if "step_time" in metrics:
-        speed = f", {metrics['train/tokens_per_s']:.0f} tok/s" if "train/tokens_per_s" in metrics else ""
+        parts.append("time " + " + ".join(f"{label} {metrics[key]:.1f}s" for key, label in STEP_BUDGET
+                                           if key in metrics))
+        speeds = []
+        if "train/tokens_per_s" in metrics:
+            speeds.append(f"training {metrics['train/tokens_per_s']:.0f} positions/s")
         if "vllm/generation_tokens_per_s" in metrics:
-            speed += f", vLLM generated {metrics['vllm/generation_tokens_per_s']:.0f} tok/s"
-        parts.append(f"took {metrics['step_time']:.1f}s{speed}")
-    if benchmark:
-        parts += [f"{label} {metrics[key]:.2f}{unit}" for key, label, unit in
-                  (("sync_time", "sync", "s"), ("data_fetch_time", "data", "s"), ("gpu_memory_gb", "GPU mem", " GB"))
-                  if key in metrics]
+            speeds.append(f"vLLM generated {metrics['vllm/generation_tokens_per_s']:.0f} tokens/s")
+        if speeds:
+            parts.append(", ".join(speeds))
+    if benchmark and "gpu_memory_gb" in metrics:
+        parts.append(f"GPU mem {metrics['gpu_memory_gb']:.2f} GB")
     return " | ".join(parts)
 
 
@@ -120,6 +127,7 @@ def finalize_training(use_wandb: bool, training_start_time: Optional[float] = No
                 ("total sync time", sum(stats.get("sync_times", [])), "s"),
                 ("avg data fetch time", _mean(stats.get("data_fetch_times", [])), "s"),
                 ("total data fetch time", sum(stats.get("data_fetch_times", [])), "s"),
+                ("avg checkpoint time", _mean(stats.get("checkpoint_times", [])), "s"),
                 ("peak GPU memory", peak_gb, " GB"), ("avg GPU memory", summary["benchmark/avg_gpu_memory_gb"], " GB")]
         print("\n".join(f"  {label:<28}{value:10.2f}{unit}" for label, value, unit in rows), flush=True)
     if use_wandb and _wandb.active:

@@ -79,7 +79,8 @@ class Run:
     generation: GenerationMeter = field(default_factory=lambda: GenerationMeter(None))
     scaler: Optional[torch.amp.GradScaler] = None
     skipped_in_a_row: int = 0
-    timings: dict[str, list[float]] = field(default_factory=lambda: {"step_times": [], "sync_times": []})
+    timings: dict[str, list[float]] = field(default_factory=lambda: {
+        "step_times": [], "sync_times": [], "data_fetch_times": [], "checkpoint_times": []})
 
 
 def train(config: TrainingConfig) -> None:
@@ -163,9 +164,11 @@ def train_step(run: Run, step: int) -> None:
                                     run.scaler)
     step_time = time.monotonic() - step_started
     check_finite(run, metrics, done)
-    sync_time = 0.0
+    sync_time = checkpoint_time = 0.0
     if sync_step or checkpoint_due(config, done):
+        saving_started = time.monotonic()
         checkpoint = save(run, done)
+        checkpoint_time = time.monotonic() - saving_started
         # after the last step vLLM is about to stop: publishing would only delay the end
         if sync_step and not last and run.ranks.is_main:
             sync_time = run.sync.publish(checkpoint, done)
@@ -173,10 +176,12 @@ def train_step(run: Run, step: int) -> None:
     api_step = run.feed.ack(leased)
     if not run.ranks.is_main:
         return
-    run.timings["step_times"].append(step_time)
-    run.timings["sync_times"].append(sync_time)
+    for name, value in (("step_times", step_time), ("sync_times", sync_time), ("data_fetch_times", data_fetch_time),
+                        ("checkpoint_times", checkpoint_time)):
+        run.timings[name].append(value)
     scores = [score for item in items for score in item["scores"]]
     metrics.update(step_time=step_time, sync_time=sync_time, data_fetch_time=data_fetch_time,
+                   checkpoint_time=checkpoint_time,
                    mean_score=sum(scores) / len(scores), **staleness_metrics(batch, step))
     metrics["train/tokens_per_s"] = batch.positions / step_time if step_time > 0 else 0.0
     generation = run.generation.tokens_per_s()

@@ -35,9 +35,18 @@ def test_console_line_is_one_readable_line(capsys: pytest.CaptureFixture) -> Non
     out = capsys.readouterr().out
     assert out.count("\n") == 1
     for part in ("step 3", "loss 0.0123", "grad norm 0.500", "ratio 1.010", "clipped 5.0%", "advantages +4/-4",
-                 "sync 3.00s"):
+                 "time train 12.5s + sync 3.0s"):
         assert part in out
-    assert "sync" not in console_line(STEP, 3, benchmark=False)
+
+
+def test_the_step_line_says_where_the_time_went_and_which_speed_is_which() -> None:
+    step = {**STEP, "data_fetch_time": 4.25, "checkpoint_time": 0.5, "train/tokens_per_s": 120.4,
+            "vllm/generation_tokens_per_s": 41.6, "grpo/outside_truncation": 3, "train/skipped_step": 1}
+    parts = console_line(step, 3).split(" | ")
+    assert "time wait 4.2s + train 12.5s + save 0.5s + sync 3.0s" in parts
+    assert "training 120 positions/s, vLLM generated 42 tokens/s" in parts
+    assert "3 sampled tokens outside top-p/top-k/min-p scored untruncated" in parts
+    assert "optimizer step SKIPPED (non-finite)" in parts
 
 
 def test_wandb_needs_a_project_and_runs_disabled(monkeypatch: pytest.MonkeyPatch,
