@@ -27,7 +27,7 @@ def _installed(module: str) -> bool:
 _MISSING = [name for name in ("torch", "peft", "accelerate") if not _installed(name)]
 if _MISSING:  # the trainer extra is not installed: say how to install it rather than fail on an import
     raise SystemExit(f"error: atropos-grpo needs the trainer extra ({', '.join(_MISSING)} not installed): "
-                     "pip install 'atroposlib[example_trainer]' (scripts/setup.sh installs torch's CPU build first)")
+                     "pip install 'atroposlib[example-trainer]' (scripts/setup.sh installs torch's CPU build first)")
 
 import requests
 

@@ -116,7 +116,7 @@ def _wrap_lora(model: PreTrainedModel, config: TrainingConfig) -> PreTrainedMode
     try:
         from peft import LoraConfig, PeftModel, TaskType, get_peft_model
     except ImportError as exc:
-        raise RuntimeError("LoRA modes need PEFT: pip install 'atroposlib[example_trainer]'") from exc
+        raise RuntimeError("LoRA modes need PEFT: pip install 'atroposlib[example-trainer]'") from exc
     if config.resume_from:
         return PeftModel.from_pretrained(model, config.resume_from, is_trainable=True)
     if config.lora_layer_indices is not None:

@@ -10,7 +10,7 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip
 case ",${extras}," in
     # A bare torch requirement resolves to a multi-GB CUDA build: take the CPU build first.
-    *,rewardfns,*|*,example_trainer,*|*,examples,*|*,all,*) .venv/bin/python -m pip install -q "torch==${TORCH_VERSION:-2.13.0}" ;;
+    *,rewardfns,*|*,example_trainer,*|*,example-trainer,*|*,examples,*|*,all,*) .venv/bin/python -m pip install -q "torch==${TORCH_VERSION:-2.13.0}" ;;
 esac
 .venv/bin/python -m pip install -q -e ".[${extras}]"
 echo "atroposlib installed in $(pwd)/.venv (extras: ${extras})"

@@ -146,3 +146,21 @@ def test_readme_has_the_two_quickstart_commands() -> None:
     text = (ROOT / "README.md").read_text()
     assert "## Quickstart" in text
     assert "bash scripts/test.sh" in text
+
+
+def test_every_install_hint_names_extras_as_every_pip_finds_them() -> None:
+    # pip before 23.3 compares the requested extra with the wheel's normalised name as written:
+    # asking for the underscore spelling of example-trainer then installs nothing extra, with a warning.
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = set(project["optional-dependencies"])
+    normalised = {re.sub(r"[-_.]+", "-", name).lower() for name in extras}
+    folders = ("atroposlib", "example_trainer", "environments", "scripts", "bench", "docs", "tests")
+    files = [ROOT / "pyproject.toml", *ROOT.glob("*.md"),
+             *(path for folder in folders for path in (ROOT / folder).rglob("*") if path.suffix in (".py", ".md", ".sh"))]
+    for path in files:
+        for requested in re.findall(r"atroposlib\[([A-Za-z0-9_.,\- ]+)\]", path.read_text(errors="replace")):
+            for name in (part.strip() for part in requested.split(",")):
+                assert name in normalised, f"{path.relative_to(ROOT)}: atroposlib[{requested}] asks for {name!r}; " \
+                                           f"write it as pip normalises it ({sorted(normalised)})"

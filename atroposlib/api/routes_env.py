@@ -13,7 +13,7 @@ from atroposlib.api.errors import ApiError, BodyInvalid
 from atroposlib.api.items import item_json, served_item
 from atroposlib.api.middleware import GZIP_BODY_SCOPE_KEY
 from atroposlib.api.responses import json_response, read_body, runtime
-from atroposlib.api.validation import InvalidGzip, PayloadTooLarge, parse_json, summarize
+from atroposlib.api.validation import InvalidGzip, PayloadTooLarge, body_is_absent, parse_json, summarize
 from atroposlib.wire import EnvIdentifier, RegisterEnv, ScoredData
 
 router = APIRouter()
@@ -145,7 +145,7 @@ _STATUS_ENV_DOC: dict[str, Any] = dict(
 @router.post("/status-env", operation_id="status_env_post", **_STATUS_ENV_DOC)
 async def status_env(request: Request) -> Response:
     body = await request.body()
-    from_body = parse_json(EnvIdentifier, body).env_id if body.strip() else None
+    from_body = None if body_is_absent(body) else parse_json(EnvIdentifier, body).env_id
     raw_query = request.query_params.get("env_id")
     from_query = None
     if raw_query is not None:

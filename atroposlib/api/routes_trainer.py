@@ -21,7 +21,7 @@ from atroposlib.api.responses import (
     require_registered,
     runtime,
 )
-from atroposlib.api.validation import parse_json
+from atroposlib.api.validation import body_is_absent, parse_json
 from atroposlib.wire import JSON_SAFE_INT, LeaseRequest, Registration
 
 log = logging.getLogger("atroposlib.api")
@@ -68,7 +68,7 @@ async def get_batch(request: Request) -> Response:
 )
 async def lease_batch(request: Request) -> Response:
     body = await request.body()
-    lease_request = parse_json(LeaseRequest, body) if body.strip() else LeaseRequest()
+    lease_request = LeaseRequest() if body_is_absent(body) else parse_json(LeaseRequest, body)
     rt = runtime(request)
     require_registered(rt)
     rt.state.mark_started()

@@ -100,6 +100,16 @@ def _short(value: Any) -> Any:
     return value if len(text) <= 200 else text[:200] + "..."
 
 
+JSON_WHITESPACE = b" \t\n\r"
+
+
+def body_is_absent(body: bytes) -> bool:
+    """Whether an optional JSON body was left out: empty or only JSON's whitespace (space, tab,
+    line feed, carriage return). Other bytes, even ones Python calls whitespace such as 0x0b,
+    are a body, and one that does not parse is refused."""
+    return not body.strip(JSON_WHITESPACE)
+
+
 def parse_json(target: Union[TypeAdapter[Parsed], type[BaseModel]], body: bytes) -> Any:
     """Validate raw JSON bytes against a wire model or adapter, raising `BodyInvalid`.
 

@@ -198,6 +198,7 @@ def test_status_env_errors_are_4xx(client: TestClient) -> None:
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "unknown_env"
     assert client.get("/status-env?env_id=abc").status_code == 422
     assert client.get("/status-env").status_code == 422
+    assert client.post("/status-env?env_id=0", content=b"\x0b").status_code == 422  # not JSON, not absent
 
 
 def test_negative_weight_means_no_throttling(client: TestClient) -> None:

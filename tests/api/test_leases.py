@@ -28,6 +28,16 @@ def test_post_batch_without_body_and_when_empty(client: TestClient) -> None:
     assert client.post("/batch").json() == {"batch_id": None, "batch": None}
 
 
+def test_post_batch_with_a_body_that_is_not_json_is_422(client: TestClient) -> None:
+    start_run(client, 8)
+    _fill(client, 1)
+    for body in (b"\x0b", b"\x0c", b"not json", b"{"):
+        response = client.post("/batch", content=body, headers={"content-type": "application/json"})
+        assert response.status_code == 422, (body, response.text)
+    assert client.post("/batch", content=b" \r\n\t ").json()["batch_id"] is not None  # JSON whitespace: no body
+    assert client.get("/status").json()["queue_size"] == 1
+
+
 def test_post_batch_requires_registration(client: TestClient) -> None:
     response = client.post("/batch")
     assert response.status_code == 409 and response.json()["error"]["code"] == "not_registered"

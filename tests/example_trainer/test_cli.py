@@ -271,5 +271,5 @@ def test_without_the_trainer_extra_the_command_says_how_to_install_it() -> None:
     result = subprocess.run([sys.executable, "-c", hide_torch], capture_output=True, text=True, timeout=120)
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert result.stderr.strip() == ("error: atropos-grpo needs the trainer extra (torch not installed): "
-                                     "pip install 'atroposlib[example_trainer]' (scripts/setup.sh installs torch's "
+                                     "pip install 'atroposlib[example-trainer]' (scripts/setup.sh installs torch's "
                                      "CPU build first)")
