@@ -92,29 +92,18 @@ def model_logits_at(model: torch.nn.Module, tokens: torch.Tensor, positions: tor
     return model(tokens).logits[positions]
 
 
-def _tempered(logits: torch.Tensor, micro: MicroBatch) -> torch.Tensor:
-    """``[N, V]`` float32 logits at the trained positions divided by each rollout's temperature
-    (values <= 0 mean 1)."""
-    rollout = (micro.labels != LABEL_PAD).nonzero()[:, 0]
+def _tempered(logits: torch.Tensor, micro: MicroBatch, rollout: torch.Tensor) -> torch.Tensor:
+    """``[N, V]`` float32 logits at the trained positions divided by the temperature of each
+    row's rollout (`rollout`, ``[N]``; values <= 0 mean 1)."""
     rows = logits.float()
     temperatures = micro.temperatures.view(-1).to(rows.device, rows.dtype)[rollout]
     return rows / torch.where(temperatures <= 0, torch.ones_like(temperatures), temperatures).unsqueeze(-1)
 
 
-def _truncated_as_sampled(rows: torch.Tensor, micro: MicroBatch) -> torch.Tensor:
-    rollout = (micro.labels != LABEL_PAD).nonzero()[:, 0]
+def _truncated_as_sampled(rows: torch.Tensor, micro: MicroBatch, rollout: torch.Tensor) -> torch.Tensor:
     assert micro.top_p is not None and micro.top_k is not None and micro.min_p is not None
     return truncate(rows, micro.top_p.to(rows.device)[rollout], micro.top_k.to(rows.device)[rollout],
                     micro.min_p.to(rows.device)[rollout])
-
-
-def trained_position_logits(logits: torch.Tensor, micro: MicroBatch, match_truncation: bool = True) -> torch.Tensor:
-    """``[N, V]`` logits of the sampling distribution at the N trained positions of `micro`
-    (``labels != -100``, row-major), from the model's logits there (`model_logits_at`):
-    float32, divided by the rollout's temperature (values <= 0 mean 1) and, with
-    `match_truncation`, truncated as the rollout was sampled."""
-    rows = _tempered(logits, micro)
-    return _truncated_as_sampled(rows, micro) if match_truncation and micro.truncated else rows
 
 
 @torch.no_grad()
@@ -140,8 +129,9 @@ def sampled_token_logprobs(model: torch.nn.Module, micro: MicroBatch, match_trun
     docstring), that distribution's entropy when asked, and which tokens fell outside."""
     trained = micro.labels != LABEL_PAD
     labels = micro.labels[trained].unsqueeze(-1)
-    tempered = _tempered(model_logits_at(model, micro.tokens, trained), micro)
-    rows = _truncated_as_sampled(tempered, micro) if match_truncation and micro.truncated else tempered
+    rollout = trained.nonzero()[:, 0]  # the rollout of each trained position, row-major
+    tempered = _tempered(model_logits_at(model, micro.tokens, trained), micro, rollout)
+    rows = _truncated_as_sampled(tempered, micro, rollout) if match_truncation and micro.truncated else tempered
     picked = rows.log_softmax(-1).gather(-1, labels).squeeze(-1)
     outside = torch.isneginf(picked.detach())
     if bool(outside.any()):

@@ -333,12 +333,11 @@ def _optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
         norm = norm.full_tensor()
     grad_norm = float(norm)
     finite = math.isfinite(grad_norm) and math.isfinite(loss)
-    if scaler is None:
-        if finite:
-            optimizer.step()
-    else:
-        if finite:
-            scaler.step(optimizer)
+    if finite and scaler is None:
+        optimizer.step()
+    elif finite:
+        scaler.step(optimizer)
+    if scaler is not None:
         scaler.update()  # an overflow lowers the loss scale
     optimizer.zero_grad(set_to_none=True)
     return grad_norm, finite
