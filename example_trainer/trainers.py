@@ -167,7 +167,7 @@ def train_step(run: Run, step: int) -> None:
     sync_time = checkpoint_time = 0.0
     if sync_step or checkpoint_due(config, done):
         saving_started = time.monotonic()
-        checkpoint = save(run, done)
+        checkpoint = save(run, done, recovery=checkpoint_due(config, done))
         checkpoint_time = time.monotonic() - saving_started
         # after the last step vLLM is about to stop: publishing would only delay the end
         if sync_step and not last and run.ranks.is_main:
@@ -238,14 +238,17 @@ def checkpoint_due(config: TrainingConfig, done: int) -> bool:
     return config.checkpoint_interval > 0 and done % config.checkpoint_interval == 0
 
 
-def save(run: Run, step: int, final: bool = False) -> str:
-    """The model (or its adapter, in the LoRA modes) with everything `resume` needs. Every rank
-    calls it (a sharded model is gathered); rank 0 writes; every rank gets the path."""
+def save(run: Run, step: int, final: bool = False, recovery: bool = True) -> str:
+    """The model (or its adapter, in the LoRA modes); with `recovery` (the final checkpoint and
+    every ``--checkpoint-interval`` steps) also the optimizer state `resume` needs. A checkpoint
+    written only to hand vLLM new weights leaves the optimizer state out: it is twice the size
+    of the weights and vLLM never reads it. Every rank calls this (a sharded model is gathered);
+    rank 0 writes; every rank gets the path."""
     config, ranks = run.config, run.ranks
     state = TrainerState(step=step, model_name=config.model_name, atropos_url=config.atropos_url,
                          weight_bridge_mode=config.weight_bridge_mode, dtype=config.resolved_dtype().dtype)
     weights = distributed.full_model_state(run.model, ranks)
-    optimizer_state = distributed.full_optimizer_state(run.model, run.optimizer)
+    optimizer_state = (distributed.full_optimizer_state(run.model, run.optimizer) if recovery or final else None)
     model = distributed.unwrapped(run.model)
     path = None
     if ranks.is_main and run.sync.saves_adapters:
@@ -265,6 +268,10 @@ def resume(config: TrainingConfig, model: torch.nn.Module, optimizer: torch.opti
     if not config.resume_from:
         return 0
     state = load_resume_state(config.resume_from)
+    if not state.has_optimizer:
+        print(f"warning: {config.resume_from} holds weights only (a checkpoint written for vLLM between recovery "
+              "checkpoints): the optimizer starts afresh; resume from a step that is a multiple of "
+              "--checkpoint-interval, or the final model, to continue exactly")
     restore_optimizer_and_rng(config.resume_from, optimizer, model)
     if state.step >= config.training_steps:
         raise TrainerError(f"{config.resume_from} is at step {state.step}, already at --training-steps "

@@ -91,6 +91,9 @@ def test_the_loop_acks_each_batch_after_its_step_and_syncs_on_schedule(
     assert recorded[0].versions == [0, 2, 3]  # the policy version each served set of weights is reported as
     state = json.loads((checkpoints / "step_2" / "trainer_state.json").read_text())
     assert state["step"] == 2
+    # a checkpoint written only for vLLM (no --checkpoint-interval) holds the weights, not the optimizer state
+    assert not state["has_optimizer"] and not (checkpoints / "step_2" / "optimizer.pt").exists()
+    assert (checkpoints / "final_model" / "optimizer.pt").is_file()
     from safetensors.torch import load_file
 
     before = load_file(tiny_model / "model.safetensors")
@@ -125,6 +128,23 @@ def test_resume_continues_from_the_checkpoint_step(api: ApiProcess, tiny_model: 
     assert recorded[-1].events == [("start", str(tmp_path / "checkpoints" / "step_2")), ("finish", "final_model")]
     assert recorded[-1].versions == [2, 3]
     assert json.loads((tmp_path / "checkpoints" / "step_3" / "trainer_state.json").read_text())["step"] == 3
+
+
+def test_recovery_checkpoints_keep_the_optimizer_state_and_weights_only_ones_warn_on_resume(
+        api: ApiProcess, tiny_model: Path, tmp_path: Path, recorded: list[RecordingSync],
+        capsys: pytest.CaptureFixture[str]) -> None:
+    post_groups(api, 6)
+    trainers.train(config_for(api, tiny_model, tmp_path, training_steps=4, vllm_restart_interval=1,
+                              checkpoint_interval=2))
+    checkpoints = tmp_path / "checkpoints"
+    with_optimizer = {name for name in ("step_1", "step_2", "step_3", "step_4", "final_model")
+                      if (checkpoints / name / "optimizer.pt").is_file()}
+    assert with_optimizer == {"step_2", "step_4", "final_model"}
+    with ApiProcess(tmp_path / "state2", "--no-registration-gate") as fresh:
+        post_groups(fresh, 2)
+        trainers.train(config_for(fresh, tiny_model, tmp_path / "again", training_steps=5,
+                                  resume_from=str(checkpoints / "step_3")))
+    assert "holds weights only" in capsys.readouterr().out
 
 
 def post_versioned_groups(api: ApiProcess, versions: list[int]) -> None:
