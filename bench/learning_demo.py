@@ -107,10 +107,17 @@ def processes(args: argparse.Namespace, model: Path, work: Path) -> dict[str, li
             sys.executable, str(ENV), "serve", "--env.rollout_server_url", api,
             "--env.group_size", str(args.group_size), "--env.temperature", str(args.temperature),
             "--env.spool_dir", str(work / "spool"), "--env.tokenizer_name", str(model),
-            "--env.steps_per_eval", "1000000", "--openai.server_type", "vllm",
+            "--env.steps_per_eval", "1000000", *task_flags(args), "--env.seed", str(args.seed),
+            "--env.ensure_scores_are_not_same", str(args.all_alike == "drop").lower(), "--openai.server_type", "vllm",
             "--openai.base_url", f"http://127.0.0.1:{vllm_port}/v1", "--openai.model_name", str(model),
             "--openai.tokenizer_name", str(model), "--openai.api_key", "x"],
     }
+
+
+def task_flags(args: argparse.Namespace) -> list[str]:
+    """The task's settings, the same for training (which pairs are held out) and evaluation."""
+    return ["--env.eval_pairs", str(args.eval_pairs), "--env.split_seed", str(args.split_seed),
+            "--env.eval_seed", str(args.eval_seed), "--env.max_answer_tokens", str(args.max_answer_tokens)]
 
 
 def parse_step(line: str, started: float) -> Optional[Step]:
@@ -172,7 +179,7 @@ def evaluate(server: LocalVLLM, model: Path, work: Path, args: argparse.Namespac
     folder = work / f"eval-{len(list(work.glob('eval-*')))}"
     subprocess.run([sys.executable, str(ENV), "evaluate", "--env.data_dir_to_save_evals", str(folder),
                     "--env.tokenizer_name", str(model), "--env.temperature", str(args.temperature),
-                    "--env.eval_samples", str(args.eval_samples), "--env.use_wandb", "false",
+                    "--env.eval_samples", str(args.eval_samples), "--env.use_wandb", "false", *task_flags(args),
                     "--openai.server_type", "vllm", "--openai.base_url", server.base_url,
                     "--openai.model_name", server.served_name, "--openai.tokenizer_name", str(model),
                     "--openai.api_key", "x"], check=True, stdout=subprocess.DEVNULL)
@@ -192,7 +199,8 @@ def generation_speed(server: LocalVLLM, args: argparse.Namespace) -> float:
         started = time.monotonic()
         answers = await asyncio.gather(*(client.chat.completions.create(
             model=server.served_name, messages=messages(i % 10, i // 10 % 10), n=args.group_size,
-            max_tokens=32, temperature=args.temperature) for i in range(4 * args.groups_per_step)))
+            max_tokens=args.max_answer_tokens, temperature=args.temperature)
+            for i in range(4 * args.groups_per_step)))
         await client.close()
         return sum(answer.usage.completion_tokens for answer in answers), time.monotonic() - started
 
@@ -200,20 +208,26 @@ def generation_speed(server: LocalVLLM, args: argparse.Namespace) -> float:
     return tokens / seconds
 
 
-def evaluate_checkpoints(args: argparse.Namespace, model: Path, work: Path,
-                         steps: list[Step]) -> tuple[list[Evaluation], float]:
-    """The starting model and every ``--eval-every``-th checkpoint (and the final weights) on
-    the held-out pairs, through one server whose weights are reloaded in place; and that
-    server's generation tokens/s on the final weights."""
-    wall = {step.step: step.seconds for step in steps}
-    checkpoints = [(0, model)] + sorted(
-        (int(path.name.split("_")[1]), path) for path in (work / "checkpoints").glob("step_*")
-        if int(path.name.split("_")[1]) % args.eval_every == 0)
+def saved_checkpoints(work: Path, eval_every: int, steps: int) -> list[tuple[int, Path]]:
+    """The trainer's checkpoints to evaluate: every ``eval_every``-th step's and the final weights."""
+    found = sorted((int(path.name.split("_")[1]), path) for path in (work / "checkpoints").glob("step_*")
+                   if int(path.name.split("_")[1]) % eval_every == 0)
     if (work / "checkpoints" / "final_model").is_dir():
-        checkpoints.append((len(steps), work / "checkpoints" / "final_model"))
+        found.append((steps, work / "checkpoints" / "final_model"))
+    return found
+
+
+def evaluate_checkpoints(args: argparse.Namespace, model: Path, work: Path, checkpoints: list[tuple[int, Path]],
+                         wall: dict[int, float]) -> tuple[list[Evaluation], float]:
+    """The starting model and each of `checkpoints` ((step, folder)) on the held-out pairs,
+    through one server whose weights are reloaded in place (`wall`: when each step's weights
+    were saved); and that server's generation tokens/s on the last weights."""
     results = []
-    with LocalVLLM(model, max_model_len=512, log_path=work / "eval-vllm.log") as server:
-        for step, weights in dict(checkpoints).items():
+    # vLLM's CPU build kills its engine when a seeded request's prompt is split across steps
+    # ("CPU Generator does not use offset"): a token budget above the whole evaluation's prompts keeps them whole
+    whole_prompts = ("--max-num-batched-tokens", "16384", "--max-num-seqs", "256")
+    with LocalVLLM(model, max_model_len=512, log_path=work / "eval-vllm.log", extra_args=whole_prompts) as server:
+        for step, weights in dict([(0, model), *checkpoints]).items():
             if step:
                 server.reload_weights(weights, policy_version=step)
             accuracy, answers = evaluate(server, model, work, args)
@@ -293,6 +307,14 @@ def main() -> None:
     parser.add_argument("--sync-every", type=int, default=2, help="steps between weight syncs to vLLM")
     parser.add_argument("--eval-every", type=int, default=10, help="steps between evaluated checkpoints")
     parser.add_argument("--eval-samples", type=int, default=8, help="answers per held-out pair")
+    parser.add_argument("--eval-pairs", type=int, default=30, help="held-out pairs (a pair and its twin b + a count 2)")
+    parser.add_argument("--split-seed", type=int, default=1234, help="which pairs are held out")
+    parser.add_argument("--eval-seed", type=int, default=0, help="seeds the evaluation's sampling")
+    parser.add_argument("--max-answer-tokens", type=int, default=32, help="longest answer sampled")
+    parser.add_argument("--seed", type=int, default=0, help="the order in which the environment draws training pairs")
+    parser.add_argument("--all-alike", choices=("drop", "keep"), default="drop",
+                        help="groups whose answers all score alike: dropped by the environment (its default) or "
+                             "trained on (advantage 0, as TRL does)")
     parser.add_argument("--trainer-flag", action="append", default=[],
                         help="extra atropos-grpo flag, e.g. --trainer-flag=--loss-type=dapo (repeatable)")
     parser.add_argument("--png", type=Path, default=ROOT / "docs" / "images" / "learning_demo.png")
@@ -312,7 +334,9 @@ def main() -> None:
         with stop_signals_raise():
             result.steps, result.training_seconds = train(args, model, work)
             evaluating = time.monotonic()
-            result.evaluations, result.generation_tokens_per_s = evaluate_checkpoints(args, model, work, result.steps)
+            checkpoints = saved_checkpoints(work, args.eval_every, len(result.steps))
+            result.evaluations, result.generation_tokens_per_s = evaluate_checkpoints(
+                args, model, work, checkpoints, {step.step: step.seconds for step in result.steps})
             result.evaluation_seconds = time.monotonic() - evaluating
             result.budget = step_budget(result)
     except KeyboardInterrupt as stop:

@@ -1,21 +1,33 @@
-"""TRL's GRPOTrainer on the learning demo's task, against this project's run of it.
+"""A seeded race on one machine: this project's GRPO trainer against TRL's GRPOTrainer.
 
-What a TRL user gets on a CPU: `trl.GRPOTrainer` generating with Hugging Face ``generate``,
-on the same model (SmolLM2-135M-Instruct, float32), prompts (the training pairs of
-``environments/small_sums_task.py``, drawn in the environment's order), reward, group size,
-batch, learning rate and optimizer (AdamW, weight decay 0.01, gradient norm clipped to 1),
-``loss_type="grpo"``, ``beta=0``, temperature 0.7 and answer length; everything else is TRL's
-default (gradient checkpointing included), as a TRL user gets it. It runs in a virtual
-environment of its own (``bench/setup_trl.sh``), saves a checkpoint every ``--eval-every``
-steps, and its checkpoints are then evaluated exactly as ``bench/learning_demo.py`` evaluates
-this project's (held-out pairs, same sampling, one vLLM reloaded in place).
+Both sides train SmolLM2-135M-Instruct on the learning demo's task (single-digit sums,
+``environments/small_sums_task.py``) with the same training pairs, reward, group size, batch,
+learning rate, optimizer (AdamW, weight decay 0.01, gradient norm clipped to 1), temperature
+and answer length, each in the precision its defaults choose on this CPU (this project:
+``--dtype auto``; TRL: ``bf16=True`` autocast over float32 weights, its default). TRL runs in a
+virtual environment of its own (``bench/setup_trl.sh``) with Hugging Face ``generate``, as a TRL
+user on a CPU gets it; this project runs the three processes a user runs
+(``bench/learning_demo.py``).
 
-Run it after ``bench/learning_demo.py`` with the same settings on the same otherwise idle
-machine; it reads the demo's figures (``--ours``), then prints wall time per step for both,
-held-out accuracy against wall time, and how long each took to reach TRL's final accuracy.
+The race:
+
+* ``--seeds`` seeds per side, taking turns (seed 0 of every side, then seed 1, ...), so that
+  a machine that slows down mid-race slows every side;
+* held-out accuracy every ``--eval-every`` steps on pairs never trained on in either order
+  (3 + 5 held out means 5 + 3 is too), with seeded sampling, on one vLLM whose weights are
+  reloaded in place, for both sides' checkpoints alike;
+* groups whose answers all score alike: TRL trains on them (advantage 0); this project runs
+  both ways, ``ours-keep`` (the same as TRL) and ``ours-drop`` (its environment's default,
+  dynamic sampling as in DAPO), and the two are reported apart;
+* per evaluated step, the mean and min–max over seeds of the accuracy and of the wall time;
+  the time each side takes to reach TRL's final mean accuracy, and its ratio to TRL's.
+
+Every run's figures go to ``--runs`` as it ends (a stopped race goes on where it stopped;
+a stored run with other settings or from another CPU is run again). Timed: run it with the
+machine to itself. On a 2-core CPU each run takes 15–25 minutes.
 
     bash bench/setup_trl.sh .cache/trlvenv
-    .venv/bin/python bench/trl_compare.py --trl-python .cache/trlvenv/bin/python
+    .venv/bin/python bench/trl_compare.py --trl-python .cache/trlvenv/bin/python --seeds 3
 """
 
 from __future__ import annotations
@@ -34,13 +46,19 @@ from typing import Any, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 TASK_DIR = ROOT / "environments"
+SIDES = ("ours-keep", "trl", "ours-drop")
+# settings both sides must share, checked on every stored run
+SHARED = ("steps", "lr", "group_size", "groups_per_step", "temperature", "eval_every", "eval_samples",
+          "eval_pairs", "split_seed", "eval_seed", "max_answer_tokens")
 
 
 # --- the TRL side: runs in TRL's virtual environment, which has no atroposlib ------------------
 
 def trl_worker(args: argparse.Namespace) -> None:
-    """Train with TRL's GRPOTrainer; one JSON line per logged step (wall seconds since the
-    trainer was built) in ``<out>/steps.jsonl``, checkpoints in ``<out>/checkpoint-N``."""
+    """Train with TRL's GRPOTrainer. Writes ``<out>/steps.jsonl`` (one line per step: wall
+    seconds since this process began, batch reward), ``<out>/saved.jsonl`` (when each
+    checkpoint was written), ``<out>/checkpoint-N`` and ``<out>/precision``."""
+    started = time.monotonic()
     sys.path.insert(0, str(TASK_DIR))
     import torch
     from datasets import Dataset
@@ -59,151 +77,291 @@ def trl_worker(args: argparse.Namespace) -> None:
         return [score(completion[0]["content"], gold) for completion, gold in zip(completions, answer)]
 
     out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     config = GRPOConfig(
         output_dir=str(out), max_steps=args.steps, learning_rate=args.lr, lr_scheduler_type="constant",
         weight_decay=0.01, max_grad_norm=1.0, optim="adamw_torch", seed=args.seed,
         per_device_train_batch_size=args.group_size * args.groups_per_step, gradient_accumulation_steps=1,
         num_generations=args.group_size, max_completion_length=args.max_answer_tokens,
         temperature=args.temperature, top_p=1.0, top_k=0, loss_type="grpo", beta=0.0, epsilon=0.2,
-        scale_rewards="group", num_iterations=1, shuffle_dataset=False, use_cpu=True, bf16=False, fp16=False,
+        scale_rewards="group", num_iterations=1, shuffle_dataset=False, use_cpu=True,
         logging_steps=1, save_strategy="steps", save_steps=args.eval_every,
         save_only_model=True, report_to="none", disable_tqdm=True)
-    started = time.monotonic()
+    (out / "precision").write_text("bfloat16 autocast, float32 weights" if config.bf16 else "float32")
+
+    def record(name: str, row: dict[str, Any]) -> None:
+        with (out / name).open("a") as file:
+            file.write(json.dumps({**row, "seconds": time.monotonic() - started}) + "\n")
 
     class WallClock(TrainerCallback):
         def on_log(self, _args: Any, state: Any, _control: Any, logs: Optional[dict] = None, **_: Any) -> None:
             if logs and "reward" in logs:
-                with (out / "steps.jsonl").open("a") as file:
-                    file.write(json.dumps({"step": state.global_step, "seconds": time.monotonic() - started,
-                                           "reward": logs["reward"]}) + "\n")
+                record("steps.jsonl", {"step": state.global_step, "reward": logs["reward"]})
                 print(f"TRL step {state.global_step}: reward {logs['reward']:.3f}, "
                       f"{time.monotonic() - started:.0f} s", flush=True)
 
-    out.mkdir(parents=True, exist_ok=True)
+        def on_save(self, _args: Any, state: Any, _control: Any, **_: Any) -> None:
+            record("saved.jsonl", {"step": state.global_step})
+
     trainer = GRPOTrainer(model=args.model, reward_funcs=reward, args=config, train_dataset=dataset,
                           callbacks=[WallClock()])
     trainer.train()
-    trainer.save_model(str(out / "final_model"))
     (out / "total_seconds").write_text(str(time.monotonic() - started))
 
 
-# --- the comparing side: runs in this project's virtual environment ----------------------------
+# --- the race: runs in this project's virtual environment --------------------------------------
 
-def run_trl(args: argparse.Namespace, model: Path, out: Path) -> float:
-    """TRL's training in its own python; the wall seconds from its launch to its end."""
-    started = time.monotonic()
-    command = [args.trl_python, __file__, "--trl-worker", "--model", str(model), "--out", str(out),
-               *(f"--{name.replace('_', '-')}={value}" for name, value in vars(args).items()
-                 if name in SHARED)]
-    subprocess.run(command, check=True, env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
-    return time.monotonic() - started
+def run_file(runs: Path, side: str, seed: int) -> Path:
+    return runs / f"{side}-seed{seed}.json"
 
 
-def trl_checkpoints(out: Path, steps: int, eval_every: int) -> list[tuple[int, Path]]:
-    found = [(int(path.name.split("-")[1]), path) for path in out.glob("checkpoint-*")]
-    found = [(step, path) for step, path in found if step % eval_every == 0]
-    return sorted(found) + ([(steps, out / "final_model")] if steps % eval_every else [])
+def stored_run(path: Path, args: argparse.Namespace, seed: int, cpu: str) -> Optional[dict[str, Any]]:
+    """The run stored at `path` if it was made here with these settings and `seed`, else None
+    (with the reason printed)."""
+    if not path.is_file():
+        return None
+    run = json.loads(path.read_text())
+    wanted = {name: getattr(args, name) for name in SHARED} | {"seed": seed}
+    differing = {name: run["settings"].get(name) for name, value in wanted.items()
+                 if run["settings"].get(name) != value}
+    if run["cpu"] != cpu or differing:
+        print(f"{path.name} was made {'on ' + run['cpu'] if run['cpu'] != cpu else 'with ' + str(differing)}: "
+              "running it again", flush=True)
+        return None
+    return run
 
 
-def reach_time(curve: list[tuple[float, float]], target: float) -> Optional[float]:
-    """The first wall time at which `curve` ((seconds, accuracy) points) reaches `target`,
-    interpolated linearly between evaluated checkpoints; None when it never does."""
-    for (t0, a0), (t1, a1) in zip(curve, curve[1:]):
-        if a1 >= target:
-            return t0 if a0 >= target else t0 + (t1 - t0) * (target - a0) / (a1 - a0)
-    return curve[0][0] if curve and curve[0][1] >= target else None
+def run_ours(args: argparse.Namespace, side: str, seed: int, path: Path) -> None:
+    """One run of `bench/learning_demo.py` (the three processes, then the evaluation)."""
+    command = [sys.executable, str(ROOT / "bench" / "learning_demo.py"), "--seed", str(seed),
+               "--all-alike", side.split("-", 1)[1], "--sync-every", str(args.ours_sync_every),
+               "--json", str(path), "--png", str(path.with_suffix(".png")),
+               *(f"--{name.replace('_', '-')}={getattr(args, name)}" for name in SHARED),
+               *(f"--trainer-flag={flag}" for flag in args.ours_trainer_flag)]
+    subprocess.run(command, check=True)
 
 
-def compare(args: argparse.Namespace) -> None:
+def run_trl(args: argparse.Namespace, seed: int, path: Path, model: Path, cpu: str) -> None:
+    """One run of TRL in its own python, then its checkpoints evaluated as this project's are."""
+    from bench.learning_demo import evaluate_checkpoints
+
+    work = Path(tempfile.mkdtemp(prefix="trl-race-"))
+    try:
+        out = work / "trl"
+        started = time.monotonic()
+        subprocess.run([args.trl_python, __file__, "--trl-worker", "--model", str(model), "--out", str(out),
+                        f"--seed={seed}", *(f"--{name.replace('_', '-')}={getattr(args, name)}" for name in SHARED)],
+                       check=True, env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
+        training_seconds = time.monotonic() - started
+        steps = read_jsonl(out / "steps.jsonl")
+        saved = {row["step"]: row["seconds"] for row in read_jsonl(out / "saved.jsonl")}
+        precision = (out / "precision").read_text()
+        checkpoints = sorted((int(folder.name.split("-")[1]), folder) for folder in out.glob("checkpoint-*"))
+        evaluations, _ = evaluate_checkpoints(args, model, work, checkpoints, saved)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    run = {"side": "trl", "cpu": cpu, "cores": os.cpu_count() or 1, "training_seconds": training_seconds,
+           "settings": {name: getattr(args, name) for name in SHARED} | {"seed": seed, "all_alike": "keep",
+                                                                         "dtype": precision},
+           "steps": steps, "evaluations": [vars(evaluation) for evaluation in evaluations]}
+    path.write_text(json.dumps(run, indent=1))
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def race(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
+    """Every side's runs, seed by seed, taking turns; stored runs with these settings are kept."""
     sys.path.insert(0, str(ROOT))
     from atroposlib.local.cpu import read_cpu
     from atroposlib.local.prepare_model import prepare_model
-    from atroposlib.local.vllm_service import LocalVLLM
-    from bench.learning_demo import evaluate
 
-    ours = json.loads(Path(args.ours).read_text())
     cpu = read_cpu().model_name
-    if ours["cpu"] != cpu:
-        raise SystemExit(f"the demo's figures come from {ours['cpu']}, this machine is {cpu}: run both here")
-    for name in SHARED:
-        if name in ours["settings"] and ours["settings"][name] != getattr(args, name):
-            raise SystemExit(f"--{name.replace('_', '-')} {getattr(args, name)} differs from the demo's "
-                             f"{ours['settings'][name]}: compare like with like")
     model = prepare_model()
-    work = Path(tempfile.mkdtemp(prefix="trl-compare-"))
-    try:
-        trl_seconds = run_trl(args, model, work / "trl")
-        steps = [json.loads(line) for line in (work / "trl" / "steps.jsonl").read_text().splitlines()]
-        wall = {row["step"]: row["seconds"] for row in steps}
-        curve = []
-        with LocalVLLM(model, dtype="float32", max_model_len=512, log_path=work / "eval-vllm.log") as server:
-            for step, weights in [(0, model)] + trl_checkpoints(work / "trl", args.steps, args.eval_every):
-                if step:
-                    server.reload_weights(weights, policy_version=step)
-                accuracy, answers = evaluate(server, model, work, args)
-                curve.append({"step": step, "seconds": wall.get(step, 0.0), "accuracy": accuracy})
-                print(f"TRL held-out accuracy after step {step}: {accuracy:.3f} ({answers} answers)", flush=True)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    report = {"cpu": cpu, "settings": {name: getattr(args, name) for name in SHARED},
-              "trl": {"seconds": trl_seconds, "steps": steps, "evaluations": curve},
-              "ours": {"seconds": ours["training_seconds"], "evaluations": ours["evaluations"]}}
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(report, indent=1))
-    print(summary(report))
+    args.runs.mkdir(parents=True, exist_ok=True)
+    runs: dict[str, list[dict[str, Any]]] = {side: [] for side in args.sides}
+    for seed in range(args.seeds):
+        for side in args.sides:
+            path = run_file(args.runs, side, seed)
+            run = stored_run(path, args, seed, cpu)
+            if run is None:
+                print(f"=== {side}, seed {seed} ===", flush=True)
+                if side == "trl":
+                    run_trl(args, seed, path, model, cpu)
+                else:
+                    run_ours(args, side, seed, path)
+                run = stored_run(path, args, seed, cpu)
+                if run is None:
+                    raise SystemExit(f"{path} does not hold the run just made with these settings")
+            runs[side].append(run)
+    return runs
 
 
-def summary(report: dict[str, Any]) -> str:
-    trl, ours = report["trl"], report["ours"]
-    target = trl["evaluations"][-1]["accuracy"]
-    trl_curve = [(e["seconds"], e["accuracy"]) for e in trl["evaluations"]]
-    our_curve = [(e["seconds"], e["accuracy"]) for e in ours["evaluations"]]
-    ours_at = reach_time(our_curve, target)
-    trl_at = reach_time(trl_curve, target)
-    steps = report["settings"]["steps"]
-    lines = [f"{report['cpu']}: {steps} steps of {report['settings']['groups_per_step']} x "
-             f"{report['settings']['group_size']} rollouts each",
-             f"wall time per step: this project {ours['seconds'] / steps:.1f} s, TRL {trl['seconds'] / steps:.1f} s",
-             f"held-out accuracy at the start {trl['evaluations'][0]['accuracy']:.3f}; at the end: this project "
-             f"{ours['evaluations'][-1]['accuracy']:.3f}, TRL {target:.3f}"]
-    if ours_at is not None and trl_at is not None:
-        lines.append(f"time to reach TRL's final held-out accuracy {target:.3f}: this project {ours_at / 60:.1f} min, "
-                     f"TRL {trl_at / 60:.1f} min ({ours_at / max(trl_at, 1e-9):.2f} of TRL's)")
-    else:
-        lines.append(f"this project did not reach TRL's final held-out accuracy {target:.3f}")
+def spread(values: list[float]) -> dict[str, float]:
+    return {"mean": sum(values) / len(values), "min": min(values), "max": max(values)}
+
+
+def curve(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per step evaluated in every run: the mean and min–max of held-out accuracy and wall seconds."""
+    by_run = [{e["step"]: e for e in run["evaluations"]} for run in runs]
+    steps = sorted(set.intersection(*(set(evaluations) for evaluations in by_run)))
+    return [{"step": step, "accuracy": spread([e[step]["accuracy"] for e in by_run]),
+             "seconds": spread([e[step]["seconds"] for e in by_run])} for step in steps]
+
+
+def reach_time(points: list[tuple[float, float]], target: float) -> Optional[float]:
+    """The first wall time at which `points` ((seconds, accuracy)) reach `target`, interpolated
+    linearly between evaluated checkpoints; None when they never do."""
+    if points and points[0][1] >= target:
+        return points[0][0]
+    for (t0, a0), (t1, a1) in zip(points, points[1:]):
+        if a1 >= target:
+            return t0 + (t1 - t0) * (target - a0) / (a1 - a0)
+    return None
+
+
+def report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """The race's figures: per side its curve, precision, training time and time to TRL's
+    final mean accuracy (on the mean curve, and per seed), and at each step whether it is
+    behind TRL beyond the seeds' spread."""
+    first = next(iter(runs.values()))[0]
+    sides = {side: {"dtype": precision(side_runs[0]), "seeds": len(side_runs),
+                    "training_seconds": spread([run["training_seconds"] for run in side_runs]),
+                    "curve": curve(side_runs)} for side, side_runs in runs.items()}
+    result: dict[str, Any] = {"cpu": first["cpu"], "cores": first["cores"],
+                              "settings": {name: getattr(args, name) for name in SHARED} | {
+                                  "ours_sync_every": args.ours_sync_every,
+                                  "ours_trainer_flags": args.ours_trainer_flag},
+                              "sides": sides}
+    if "trl" not in sides:
+        return result
+    target = sides["trl"]["curve"][-1]["accuracy"]["mean"]
+    result["target"] = target
+    trl_at = reach_time(mean_points(sides["trl"]["curve"]), target)
+    trl_by_step = {point["step"]: point["accuracy"] for point in sides["trl"]["curve"]}
+    for name, side in sides.items():
+        side["reach_seconds"] = reach_time(mean_points(side["curve"]), target)
+        side["reach_seconds_per_seed"] = [reach_time([(e["seconds"], e["accuracy"]) for e in run["evaluations"]],
+                                                     target) for run in runs[name]]
+        side["ratio_to_trl"] = (side["reach_seconds"] / trl_at if side["reach_seconds"] is not None and trl_at
+                                else None)
+        side["behind_trl_beyond_spread"] = [point["step"] for point in side["curve"] if point["step"] in trl_by_step
+                                            and point["accuracy"]["max"] < trl_by_step[point["step"]]["min"]]
+    return result
+
+
+def precision(run: dict[str, Any]) -> str:
+    """How a run held and computed its weights, in words."""
+    dtype = run["settings"].get("dtype") or "?"
+    if run.get("side") == "trl" or dtype == "float32":  # TRL's worker words its own
+        return dtype
+    return f"{dtype} compute, float32 masters"
+
+
+def mean_points(points: list[dict[str, Any]]) -> list[tuple[float, float]]:
+    return [(point["seconds"]["mean"], point["accuracy"]["mean"]) for point in points]
+
+
+LABELS = {"trl": "TRL GRPOTrainer", "ours-keep": "atroposlib, all-alike groups kept",
+          "ours-drop": "atroposlib, all-alike groups dropped"}
+COLOURS = {"trl": "tab:orange", "ours-keep": "tab:blue", "ours-drop": "tab:green"}
+
+
+def plot(result: dict[str, Any], runs: dict[str, list[dict[str, Any]]], png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(8, 4.5))
+    for side, figures in result["sides"].items():
+        colour = COLOURS.get(side, "tab:gray")
+        for run in runs[side]:
+            axes.plot([e["seconds"] / 60 for e in run["evaluations"]], [e["accuracy"] for e in run["evaluations"]],
+                      color=colour, alpha=0.25, linewidth=0.8)
+        minutes = [point["seconds"]["mean"] / 60 for point in figures["curve"]]
+        axes.fill_between(minutes, [point["accuracy"]["min"] for point in figures["curve"]],
+                          [point["accuracy"]["max"] for point in figures["curve"]], color=colour, alpha=0.15)
+        axes.plot(minutes, [point["accuracy"]["mean"] for point in figures["curve"]], "o-", color=colour,
+                  label=f"{LABELS.get(side, side)} ({figures['dtype']}; mean of {figures['seeds']}, min–max)")
+    if "target" in result:
+        axes.axhline(result["target"], color="gray", linestyle="--", linewidth=0.8,
+                     label=f"TRL's final mean accuracy {result['target']:.3f}")
+    settings = result["settings"]
+    axes.set(xlabel="wall time since launch (min)", ylabel="held-out accuracy", ylim=(0, 1),
+             title=f"GRPO on held-out sums, SmolLM2-135M-Instruct, {settings['steps']} steps of "
+                   f"{settings['groups_per_step']}x{settings['group_size']}; {result['cpu']} ({result['cores']} cores)")
+    axes.title.set_fontsize(9)
+    axes.legend(loc="lower right", fontsize=8)
+    figure.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(png, dpi=110)
+
+
+def summary(result: dict[str, Any]) -> str:
+    lines = [f"{result['cpu']}, {result['cores']} cores; {result['settings']['steps']} steps of "
+             f"{result['settings']['groups_per_step']} groups of {result['settings']['group_size']}"]
+    for side, figures in result["sides"].items():
+        accuracy = " -> ".join(f"{p['accuracy']['mean']:.3f} [{p['accuracy']['min']:.3f}-{p['accuracy']['max']:.3f}] "
+                               f"at {p['seconds']['mean'] / 60:.1f} min (step {p['step']})" for p in figures["curve"])
+        lines.append(f"{LABELS.get(side, side)} ({figures['dtype']}, {figures['seeds']} seeds): training "
+                     f"{figures['training_seconds']['mean'] / 60:.1f} min; held-out {accuracy}")
+    if "target" in result:
+        for side, figures in result["sides"].items():
+            reach = figures["reach_seconds"]
+            lines.append(f"{LABELS.get(side, side)}: TRL's final mean accuracy {result['target']:.3f} "
+                         + (f"reached after {reach / 60:.1f} min ({figures['ratio_to_trl']:.2f}x TRL's time)"
+                            if reach is not None and figures["ratio_to_trl"] is not None else "not reached")
+                         + (f"; behind TRL beyond the seeds' spread at steps {figures['behind_trl_beyond_spread']}"
+                            if figures["behind_trl_beyond_spread"] else ""))
     return "\n".join(lines)
-
-
-SHARED = ("steps", "lr", "group_size", "groups_per_step", "temperature", "eval_every", "eval_samples",
-          "eval_pairs", "split_seed", "seed", "max_answer_tokens")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trl-python", default=str(ROOT / ".cache" / "trlvenv" / "bin" / "python"),
                         help="python of the TRL environment (bench/setup_trl.sh)")
-    parser.add_argument("--ours", default=str(ROOT / "docs" / "results" / "learning_demo.json"),
-                        help="the figures bench/learning_demo.py wrote")
-    parser.add_argument("--json", default=str(ROOT / "docs" / "results" / "trl_compare.json"))
+    parser.add_argument("--seeds", type=int, default=3, help="runs per side (seeds 0, 1, ...)")
+    parser.add_argument("--sides", type=lambda text: text.split(","), default=list(SIDES),
+                        help=f"comma-separated, in turn order, from {','.join(SIDES)}")
+    parser.add_argument("--runs", type=Path, default=ROOT / ".cache" / "trl-race",
+                        help="where each run's figures are kept (a stopped race goes on from there)")
+    parser.add_argument("--json", type=Path, default=ROOT / "docs" / "results" / "trl_compare.json")
+    parser.add_argument("--png", type=Path, default=ROOT / "docs" / "images" / "trl_compare.png")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--groups-per-step", type=int, default=4)
     parser.add_argument("--temperature", type=float, default=0.7)
-    parser.add_argument("--eval-every", type=int, default=10)
+    parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--eval-samples", type=int, default=8)
     parser.add_argument("--eval-pairs", type=int, default=30)
     parser.add_argument("--split-seed", type=int, default=1234)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--eval-seed", type=int, default=0)
     parser.add_argument("--max-answer-tokens", type=int, default=32)
+    parser.add_argument("--ours-sync-every", type=int, default=1, help="this project's steps between weight syncs")
+    parser.add_argument("--ours-trainer-flag", action="append", default=[],
+                        help="an extra atropos-grpo flag for this project's runs (repeatable)")
     parser.add_argument("--trl-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.trl_worker:
         trl_worker(args)
-    else:
-        compare(args)
+        return
+    unknown = set(args.sides) - set(SIDES)
+    if unknown:
+        parser.error(f"--sides: unknown {', '.join(sorted(unknown))} (choose from {', '.join(SIDES)})")
+    if args.eval_every % args.ours_sync_every:
+        parser.error("--eval-every must be a multiple of --ours-sync-every (checkpoints exist at sync steps)")
+    runs = race(args)
+    result = report(args, runs)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=1))
+    plot(result, runs, args.png)
+    print("\n" + summary(result) + f"\nplot: {args.png}\nfigures: {args.json}")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ are split once, by ``split_seed``: ``eval_pairs`` of them are held out for `eval
 never trained on.
 Rollouts come from `managed_server()` (token ids and the sampler's logprobs, as GRPO needs),
 sampled at ``temperature`` (0.7 by default; the evaluation samples the same way, ``eval_samples``
-answers per held-out pair). SmolLM2-135M-Instruct starts near 50% at 0.7.
+answers per held-out pair, each pair's request seeded from ``eval_seed`` so that two evaluations
+of the same weights draw the same answers). SmolLM2-135M-Instruct starts near 50% at 0.7.
 
     python environments/small_sums_env.py serve --openai.server_type vllm \\
         --openai.base_url http://localhost:9001/v1 --openai.model_name my-model
@@ -30,6 +31,7 @@ class SmallSumsEnvConfig(BaseEnvConfig):
     eval_samples: int = 8
     split_seed: int = 1234
     seed: int = 0
+    eval_seed: Optional[int] = 0
 
 
 class SmallSumsEnv(BaseEnv):
@@ -71,14 +73,16 @@ class SmallSumsEnv(BaseEnv):
         return group, []
 
     async def evaluate(self, *args, **kwargs):
-        async def answers(a: int, b: int):
+        async def answers(index: int, a: int, b: int):
+            seeded = {} if self.config.eval_seed is None else {"seed": self.config.eval_seed * 1000 + index}
             completion = await self.server.chat_completion(
                 messages=messages(a, b), n=self.config.eval_samples, max_tokens=self.config.max_answer_tokens,
-                temperature=self.config.temperature, split="eval")
+                temperature=self.config.temperature, split="eval", **seeded)
             return a, b, completion.choices
 
         scores, samples = [], []
-        for a, b, choices in await asyncio.gather(*(answers(a, b) for a, b in self.eval_pairs)):
+        pairs = enumerate(self.eval_pairs)
+        for a, b, choices in await asyncio.gather(*(answers(index, a, b) for index, (a, b) in pairs)):
             for choice in choices:
                 scores.append(score(choice.message.content, a + b))
                 samples.append({"question": PROMPT.format(a=a, b=b), "gold_answer": str(a + b),

@@ -227,10 +227,27 @@ def register(config: TrainingConfig, first_step: int) -> None:
                 "replace its settings (queued groups stay), or start run-api on a fresh database")
         register_trainer(config, starting_step=first_step, replace=True)
         print(f"replaced the API's run settings ({described})")
+    elif answer.get("registered") in ("existing", "restored") and answer.get("current_step", first_step) != first_step:
+        held = answer["current_step"]
+        if not config.replace_run:
+            raise RegistrationMismatchError(
+                f"the API at {config.atropos_url} holds a run at step {held} and this trainer starts at step "
+                f"{first_step}: {resume_hint(config, held)}pass --replace-run to restart the run at step {first_step} "
+                "(queued groups stay), or start run-api with --fresh")
+        register_trainer(config, starting_step=first_step, replace=True)
+        print(f"the API's run was at step {held}: restarted at step {first_step} (--replace-run)")
     staleness_bound = config.registered_max_staleness
     print(f"registered with {config.atropos_url}: {config.registered_batch_size} sequences per batch, "
           f"max {config.seq_len} tokens, staleness bound "
           f"{'none' if staleness_bound is None else f'{staleness_bound} steps'}, starting at step {first_step}")
+
+
+def resume_hint(config: TrainingConfig, step: int) -> str:
+    """'resume it with --resume-from ...; ' when this run's checkpoint of `step` is there."""
+    for name in (f"step_{step}", f"adapter_step_{step}"):
+        if (Path(config.save_path) / name / "trainer_state.json").is_file():
+            return f"resume it with --resume-from {Path(config.save_path) / name}, "
+    return ""
 
 
 def checkpoint_due(config: TrainingConfig, done: int) -> bool:

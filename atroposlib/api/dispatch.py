@@ -126,6 +126,7 @@ class Dispatcher:
         for env_id, count in Counter(e.env_id for e in stale).items():
             state.metrics.dropped_groups.labels(env=state.env_label(env_id), reason=STALE).inc(count)
         dropped_lags = [lags[e.seq] for e in stale]
+        state.last_stale_drop = (state.clock(), len(stale), step - min(dropped_lags), step)
         log.warning(
             "dropped %d stale group(s): sampled %s steps before step %d, over max_staleness %d",
             len(stale), _span(min(dropped_lags), max(dropped_lags)), step, bound,

@@ -28,7 +28,28 @@ def _warnings(rt: Runtime) -> list[str]:
     dead = sum(rt.state.dead_letters.values())
     if dead:
         warnings.append(f"{dead} group(s) dead-lettered after repeated lease expiry (see /envs)")
+    stale = _recent_stale_drop(rt)
+    if stale:
+        warnings.append(stale)
     return warnings
+
+
+STALE_WARNING_SECONDS = 120.0
+
+
+def _recent_stale_drop(rt: Runtime) -> str:
+    """A warning while fresh groups are dropped as stale and no batch is out to a trainer: the
+    inference server's weights are steps behind the API's step, as when a trainer restarted
+    at step 0 against a run the API holds at a later step."""
+    state = rt.state
+    if state.last_stale_drop is None or state.leased_batches():
+        return ""
+    when, groups, newest, step = state.last_stale_drop
+    if state.clock() - when > STALE_WARNING_SECONDS:
+        return ""
+    return (f"{groups} group(s) dropped as stale {state.clock() - when:.0f} s ago: sampled by policy version {newest} "
+            f"or older, the API is at step {step} (max_staleness {state.max_staleness}); a trainer whose step is "
+            "behind the API's waits for ever: resume it from its checkpoint of the API's step (see current_step)")
 
 
 @router.get("/health", summary="Health summary (no authentication needed)")

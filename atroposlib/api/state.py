@@ -91,6 +91,8 @@ class RunState:
         self.dead_letters: dict[str, int] = {}
         # Groups dropped unserved, by reason; read back from the journal on restart.
         self.dropped: Counter[str] = Counter()
+        # (when, groups, newest policy version dropped, training step) of the last stale drop
+        self.last_stale_drop: Optional[tuple[float, int, int, int]] = None
         self.unknown_version_groups = 0
         self.queue_version = 0
 
@@ -195,7 +197,8 @@ class RunState:
                     outcome["config_mismatch_values"] = differences
         requester = secrets.randbits(128)
         self.requesters.append(requester)
-        return {"uuid": requester, "uuid_str": str(requester), **outcome}
+        # the run's step, so that a trainer starting elsewhere learns it from this answer
+        return {"uuid": requester, "uuid_str": str(requester), "current_step": self.step, **outcome}
 
     def mark_started(self) -> None:
         if not self.started:

@@ -100,6 +100,19 @@ def test_get_batch_drops_stale_groups_and_serves_unknown_ones(client: TestClient
     assert (status["current_step"], status["queue_size"]) == (8, 0)
 
 
+def test_health_warns_while_fresh_groups_are_dropped_as_stale_and_no_batch_is_out(
+        client: TestClient, clock: FakeClock) -> None:
+    start(client, starting_step=4, max_staleness=1)  # as a run the API holds at step 4
+    assert client.get("/health").json()["warnings"] == []
+    submit(client, sampled(1, 0), sampled(2, 1))  # a trainer restarted at step 0 syncs versions 1, 2
+    assert client.post("/batch").json()["batch"] is None
+    health = client.get("/health").json()
+    assert health["status"] == "degraded"
+    assert "2 group(s) dropped as stale" in health["warnings"][0] and "the API is at step 4" in health["warnings"][0]
+    clock.advance(121)
+    assert client.get("/health").json()["warnings"] == []
+
+
 def test_zero_bound_serves_only_groups_of_the_current_weights(client: TestClient) -> None:
     start(client, starting_step=2, max_staleness=0)
     submit(client, sampled(1, 0), sampled(2, 1))

@@ -38,10 +38,16 @@ def test_the_last_number_is_the_answer() -> None:
     assert score("seven", 7) == 0.0 and score("", 7) == 0.0
 
 
-def test_the_held_out_pairs_are_fixed_and_never_trained_on() -> None:
-    train, held_out = split_pairs(30, 1234)
-    assert len(held_out) == 30 and len(train) == 70 and not set(train) & set(held_out)
-    assert split_pairs(30, 1234) == (train, held_out)
+@pytest.mark.parametrize("eval_pairs", [0, 1, 29, 30, 55, 100])
+def test_the_held_out_pairs_are_fixed_and_never_trained_on_in_either_order(eval_pairs: int) -> None:
+    train, held_out = split_pairs(eval_pairs, 1234)
+    assert len(held_out) == eval_pairs and len(train) == 100 - eval_pairs
+    assert not set(train) & {pair for a, b in held_out for pair in ((a, b), (b, a))}
+    assert split_pairs(eval_pairs, 1234) == (train, held_out)
+
+
+def test_another_split_seed_holds_out_other_pairs() -> None:
+    assert set(split_pairs(30, 1234)[1]) != set(split_pairs(30, 7)[1])
 
 
 def test_process_writes_managed_groups_with_logprobs_and_sampling_settings(
@@ -77,3 +83,4 @@ def test_evaluate_scores_the_held_out_pairs_with_the_training_sampling(
     _, held_out = split_pairs(30, 1234)
     assert {sample["question"] for sample in samples} == {PROMPT.format(a=a, b=b) for a, b in held_out}
     assert all(request["temperature"] == 0.7 for request in server.requests)
+    assert sorted(request["seed"] for request in server.requests) == list(range(30))  # eval_seed 0, one per pair

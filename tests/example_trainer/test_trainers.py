@@ -195,6 +195,30 @@ def test_a_run_registered_with_another_batch_size_stops_the_trainer_unless_repla
 
 
 
+def test_a_trainer_against_a_restarted_api_holding_a_later_step_refuses_or_resumes(
+        tiny_model: Path, tmp_path: Path, recorded: list[RecordingSync]) -> None:
+    api = ApiProcess(tmp_path / "state", "--no-registration-gate")
+    with api:
+        post_groups(api, 3)
+        trainers.train(config_for(api, tiny_model, tmp_path, training_steps=2, vllm_restart_interval=1,
+                                  checkpoint_interval=1))
+    with ApiProcess(tmp_path / "state", "--no-registration-gate", port=api.port) as restarted:  # state restored
+        assert httpx.get(restarted.url + "/status").json()["current_step"] == 2
+        post_groups(restarted, 2)
+        again = config_for(restarted, tiny_model, tmp_path, training_steps=3, vllm_restart_interval=1)
+        with pytest.raises(trainers.RegistrationMismatchError) as error:
+            trainers.train(again)
+        message = str(error.value)
+        assert "holds a run at step 2 and this trainer starts at step 0" in message
+        assert f"--resume-from {tmp_path / 'checkpoints' / 'step_2'}" in message
+        assert "--replace-run" in message and "--fresh" in message
+        trainers.train(again.model_copy(update={"resume_from": str(tmp_path / "checkpoints" / "step_2")}))
+        assert httpx.get(restarted.url + "/status").json()["current_step"] == 3
+        trainers.train(again.model_copy(update={"replace_run": True, "training_steps": 1,
+                                                "save_path": str(tmp_path / "other")}))
+        assert httpx.get(restarted.url + "/status").json()["current_step"] == 1
+
+
 def test_a_checkpoint_already_at_the_last_step_is_an_error(api: ApiProcess, tiny_model: Path, tmp_path: Path,
                                                            recorded: list[RecordingSync]) -> None:
     post_groups(api, 2)

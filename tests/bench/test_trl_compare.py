@@ -1,0 +1,82 @@
+"""The TRL race's bookkeeping: stored runs are reused only with the same settings and CPU, the
+seeds' curves are summarised as mean and min–max, and the time to TRL's final accuracy is read
+off the mean curves."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.trl_compare import SHARED, curve, reach_time, report, run_file, stored_run, summary
+
+SETTINGS = {"steps": 10, "lr": 1e-5, "group_size": 8, "groups_per_step": 4, "temperature": 0.7, "eval_every": 5,
+            "eval_samples": 8, "eval_pairs": 30, "split_seed": 1234, "eval_seed": 0, "max_answer_tokens": 32}
+
+
+def race_args(**changes: Any) -> argparse.Namespace:
+    return argparse.Namespace(**(SETTINGS | {"ours_sync_every": 1, "ours_trainer_flag": []} | changes))
+
+
+def run(side: str, seed: int, points: list[tuple[int, float, float]], dtype: str = "bfloat16") -> dict[str, Any]:
+    """A stored run: (step, seconds, accuracy) per evaluation."""
+    stored: dict[str, Any] = {"cpu": "Xeon", "cores": 2, "training_seconds": points[-1][1] + 5,
+                              "settings": SETTINGS | {"seed": seed, "dtype": dtype},
+                              "evaluations": [{"step": step, "seconds": seconds, "accuracy": accuracy, "answers": 240}
+                                              for step, seconds, accuracy in points]}
+    if side == "trl":
+        stored["side"] = "trl"
+    return stored
+
+
+def test_every_shared_setting_is_checked() -> None:
+    assert set(SETTINGS) == set(SHARED)
+
+
+def test_a_stored_run_is_reused_only_with_the_same_settings_seed_and_cpu(tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    path = run_file(tmp_path, "trl", 1)
+    path.write_text(json.dumps(run("trl", 1, [(0, 0, 0.4)])))
+    assert stored_run(path, race_args(), 1, "Xeon") is not None
+    assert stored_run(path, race_args(), 2, "Xeon") is None
+    assert stored_run(path, race_args(eval_pairs=20), 1, "Xeon") is None
+    assert "'eval_pairs': 30" in capsys.readouterr().out
+    assert stored_run(path, race_args(), 1, "EPYC") is None
+    assert "made on Xeon" in capsys.readouterr().out
+    assert stored_run(tmp_path / "missing.json", race_args(), 1, "Xeon") is None
+
+
+def test_the_curve_is_the_mean_and_spread_over_seeds_at_each_evaluated_step() -> None:
+    runs = [run("trl", 0, [(0, 0, 0.4), (5, 100, 0.6), (10, 200, 0.8)]),
+            run("trl", 1, [(0, 0, 0.5), (5, 120, 0.7), (10, 220, 0.9)])]
+    points = curve(runs)
+    assert [point["step"] for point in points] == [0, 5, 10]
+    assert points[1]["accuracy"] == pytest.approx({"mean": 0.65, "min": 0.6, "max": 0.7})
+    assert points[2]["seconds"] == pytest.approx({"mean": 210, "min": 200, "max": 220})
+
+
+def test_the_time_to_a_target_is_interpolated_between_checkpoints() -> None:
+    assert reach_time([(0, 0.4), (100, 0.6), (200, 0.8)], 0.7) == pytest.approx(150)
+    assert reach_time([(0, 0.9), (100, 0.6)], 0.8) == 0
+    assert reach_time([(0, 0.4), (100, 0.6)], 0.7) is None
+
+
+def test_the_report_gives_each_side_its_ratio_to_trls_time_and_where_it_falls_behind() -> None:
+    trl = [run("trl", seed, [(0, 0, 0.4), (5, 100, 0.7 + seed / 100), (10, 200, 0.8)], dtype="bfloat16 autocast")
+           for seed in range(2)]
+    fast = [run("ours-drop", seed, [(0, 0, 0.4), (5, 40, 0.8), (10, 80, 0.85)]) for seed in range(2)]
+    slow = [run("ours-keep", seed, [(0, 0, 0.4), (5, 150, 0.5), (10, 300, 0.8)]) for seed in range(2)]
+    result = report(race_args(), {"ours-keep": slow, "trl": trl, "ours-drop": fast})
+    assert result["target"] == pytest.approx(0.8)
+    assert result["sides"]["trl"]["reach_seconds"] == pytest.approx(200)
+    assert result["sides"]["ours-drop"]["ratio_to_trl"] == pytest.approx(40 / 200)
+    assert result["sides"]["ours-keep"]["ratio_to_trl"] == pytest.approx(300 / 200)
+    assert result["sides"]["ours-keep"]["behind_trl_beyond_spread"] == [5]
+    assert result["sides"]["ours-drop"]["behind_trl_beyond_spread"] == []
+    assert result["sides"]["ours-drop"]["dtype"] == "bfloat16 compute, float32 masters"
+    assert result["sides"]["trl"]["dtype"] == "bfloat16 autocast"
+    text = summary(result)
+    assert "0.20x TRL's time" in text and "1.50x TRL's time" in text and "behind TRL beyond the seeds' spread" in text
