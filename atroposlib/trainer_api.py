@@ -11,6 +11,8 @@ ends, holding at most ``max_prefetch_batches`` unacknowledged batches (the one i
 included). Every request carries ``Authorization: Bearer $ATROPOS_API_KEY`` when that
 variable is set. Transient failures (connection errors, time-outs, 429 and 5xx answers)
 are retried with exponential waits (`RETRY`); other errors raise `AtroposApiError` at once.
+A feed also rides out an API that stops answering for a while (``run-api`` restarted: its
+state, leases included, comes back from disk), waiting up to ``outage_seconds`` and saying so.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ API_KEY_ENV = "ATROPOS_API_KEY"
 REQUEST_TIMEOUT_S = 10.0
 LONG_POLL_S = 5.0  # how long the API may hold an empty POST /batch; close() waits at most this long
 PROGRESS_EVERY_S = 30.0
+API_OUTAGE_S = 600.0  # how long a feed waits for an API that stopped answering (a restart) before giving up
 
 
 class AtroposApiError(RuntimeError):
@@ -138,7 +141,7 @@ class BatchFeed:
 
     def __init__(self, url: str, max_prefetch_batches: int = 4, lease_seconds: float = 1800.0, *,
                  wait_seconds: float = LONG_POLL_S, poll_interval: float = 1.0,
-                 progress_every: float = PROGRESS_EVERY_S,
+                 progress_every: float = PROGRESS_EVERY_S, outage_seconds: float = API_OUTAGE_S,
                  log: Callable[[str], None] = lambda line: print(line, flush=True)) -> None:
         if max_prefetch_batches < 1:
             raise ValueError("max_prefetch_batches must be at least 1")
@@ -147,6 +150,7 @@ class BatchFeed:
         self.wait_seconds = wait_seconds
         self.poll_interval = poll_interval
         self.progress_every = progress_every
+        self.outage_seconds = outage_seconds
         self.log = log
         self.legacy = False
         self._slots = threading.Semaphore(max_prefetch_batches)  # one per unacknowledged batch
@@ -231,12 +235,36 @@ class BatchFeed:
 
     def _settle(self, batch: LeasedBatch, verb: str) -> dict[str, Any]:
         try:
-            return with_retries(lambda: request("POST", f"{self.url}/batch/{batch.batch_id}/{verb}").json())
+            return self._through_outages(
+                lambda: request("POST", f"{self.url}/batch/{batch.batch_id}/{verb}").json(), f"{verb} {batch.batch_id}")
         except AtroposApiError as err:
             if err.status == 410:
-                raise AtroposApiError(f"the lease of batch {batch.batch_id} expired before its {verb} (the API "
-                                      f"serves it again): raise --lease-seconds above {self.lease_seconds:g}") from None
+                raise AtroposApiError(
+                    f"batch {batch.batch_id} was served again in another batch before its {verb} (its lease of "
+                    f"{self.lease_seconds:g} s ran out, or the API restarted and another consumer took it): raise "
+                    "--lease-seconds above the longest step", 410) from None
             raise
+
+    def _through_outages(self, call: Callable[[], T], doing: str) -> T:
+        """`with_retries(call)`, tried again while the API does not answer (or answers 5xx) for
+        up to ``outage_seconds``, with a line every ``progress_every`` s; then the error."""
+        started = time.monotonic()
+        last_said: Optional[float] = None
+        while True:
+            try:
+                return with_retries(call)
+            except AtroposApiError as err:
+                waited = time.monotonic() - started
+                if (err.status is not None and err.status < 500) or self._stop.is_set():
+                    raise
+                if waited >= self.outage_seconds:
+                    raise AtroposApiError(f"the trajectory API at {self.url} did not come back within "
+                                          f"{self.outage_seconds:g} s ({doing}): {err}", err.status) from None
+                if last_said is None or time.monotonic() - last_said >= self.progress_every:
+                    self.log(f"the trajectory API at {self.url} does not answer ({doing}): waiting for it "
+                             f"({waited:.0f} s so far, up to {self.outage_seconds:g} s)")
+                    last_said = time.monotonic()
+                self._stop.wait(self.poll_interval)
 
     def _release(self, batch: LeasedBatch) -> None:
         with self._cond:
@@ -282,7 +310,7 @@ class BatchFeed:
                     return None
                 raise
 
-        answer = with_retries(call)
+        answer = self._through_outages(call, "lease a batch")
         if answer is None:
             self.legacy = True
             self.log(f"{self.url} has no leased POST /batch: reading batches with GET /batch "

@@ -19,6 +19,7 @@ the API and vLLM and hands each batch to the others, and every rank trains its s
 
 from __future__ import annotations
 
+import shutil
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ import transformers
 
 from atroposlib.policy_version import staleness
 from example_trainer import distributed
-from example_trainer.api import BatchFeed, check_atropos_api, register_trainer
+from example_trainer.api import AtroposApiError, BatchFeed, check_atropos_api, register_trainer
 from example_trainer.checkpointing import (TrainerState, load_resume_state, restore_optimizer_and_rng,
                                            save_checkpoint, save_lora_checkpoint, save_tokenizer)
 from example_trainer.config import TrainingConfig
@@ -165,6 +166,7 @@ def train_step(run: Run, step: int) -> None:
     step_time = time.monotonic() - step_started
     check_finite(run, metrics, done)
     sync_time = checkpoint_time = 0.0
+    checkpoint = None
     if sync_step or checkpoint_due(config, done):
         saving_started = time.monotonic()
         checkpoint = save(run, done, recovery=checkpoint_due(config, done))
@@ -173,7 +175,10 @@ def train_step(run: Run, step: int) -> None:
         if sync_step and not last and run.ranks.is_main:
             sync_time = run.sync.publish(checkpoint, done)
             print(f"step {done}: vLLM now serves {checkpoint} ({sync_time:.1f} s)")
-    api_step = run.feed.ack(leased)
+    try:
+        api_step = run.feed.ack(leased)
+    except AtroposApiError as err:
+        raise TrainerError(f"{err}{set_aside(checkpoint)}") from None
     if not run.ranks.is_main:
         return
     for name, value in (("step_times", step_time), ("sync_times", sync_time), ("data_fetch_times", data_fetch_time),
@@ -190,6 +195,17 @@ def train_step(run: Run, step: int) -> None:
     log_metrics(metrics, done, run.use_wandb, benchmark=config.benchmark, extra_metrics={
         "train/batch_mean_score": metrics["mean_score"], "train/sequences": batch.num_sequences,
         "train/api_step": api_step})
+
+
+def set_aside(checkpoint: Optional[str]) -> str:
+    """Rename the checkpoint of a step whose batch the API did not take back as trained (resuming
+    from it would train that batch twice); the words that say so, or '' without one."""
+    if checkpoint is None or not Path(checkpoint).is_dir():
+        return ""
+    aside = Path(f"{checkpoint}.unacknowledged")
+    shutil.rmtree(aside, ignore_errors=True)
+    Path(checkpoint).rename(aside)
+    return f"; {checkpoint} was written before that and is set aside as {aside.name}: resume from the step before it"
 
 
 def check_finite(run: Run, metrics: dict[str, Any], done: int) -> None:

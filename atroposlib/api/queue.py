@@ -134,6 +134,10 @@ class GroupQueue:
             self._count_in(entry)
         return positions
 
+    def holds(self, seqs: Iterable[int]) -> bool:
+        """Whether every one of `seqs` is queued."""
+        return all(seq in self._entries for seq in seqs)
+
     def take(self, seqs: Iterable[int]) -> list[Entry]:
         taken = [self._entries.pop(seq) for seq in seqs]
         for entry in taken:

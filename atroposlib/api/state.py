@@ -119,8 +119,11 @@ class RunState:
         self.restored = bool(meta) or len(self.queue) > 0 or bool(self.envs)
 
     def _restore_items(self) -> None:
-        interrupted: list[Entry] = []
-        for seq, pos, state, env_id, size, t, _batch, expirations, version in self.journal.live_items():
+        """Read back unserved groups and leases. A lease still within its time holds its groups
+        again, so that the consumer that took it (a trainer riding out this restart) can ack
+        it; the groups of any other lease go back to the head of the queue."""
+        leased: dict[str, dict[int, Entry]] = {}
+        for seq, pos, state, env_id, size, t, batch, expirations, version in self.journal.live_items():
             entry = Entry(seq, size, env_id, t, expirations, version)
             if state == "buffered":
                 self.buffers.setdefault(env_id, OrderedDict())[seq] = entry
@@ -128,21 +131,26 @@ class RunState:
                 self.queue.restore(entry, pos)
                 self.pending.add(entry)
             else:
-                interrupted.append(entry)
+                leased.setdefault(batch or "", {})[seq] = entry
+        now = self.clock()
         with self.journal.transaction():
+            for raw in self.journal.load_leases():
+                lease = Lease(**orjson.loads(raw))
+                held = leased.get(lease.batch_id, {})
+                if lease.state == "leased" and lease.expires_at > now and set(lease.seqs) <= held.keys():
+                    lease.entries = [held.pop(seq) for seq in lease.seqs]
+                    for entry in lease.entries:
+                        self.pending.add(entry)
+                elif lease.state == "leased":
+                    lease.state, lease.settled_at = "expired", now
+                    self.journal.save_lease(lease.batch_id, lease.record())
+                self.leases[lease.batch_id] = lease
+            interrupted = [entry for entries in leased.values() for entry in entries.values()]
             if interrupted:
                 positions = self.queue.push_front(interrupted)
                 for entry in interrupted:
                     self.pending.add(entry)
-                self.journal.move_items(
-                    zip([e.seq for e in interrupted], positions), "queued"
-                )
-            for raw in self.journal.load_leases():
-                lease = Lease(**orjson.loads(raw))
-                if lease.state == "leased":
-                    lease.state, lease.settled_at = "expired", self.clock()
-                    self.journal.save_lease(lease.batch_id, lease.record())
-                self.leases[lease.batch_id] = lease
+                self.journal.move_items(zip([e.seq for e in interrupted], positions), "queued")
 
     def save_meta(self) -> None:
         j = self.journal

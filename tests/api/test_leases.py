@@ -64,6 +64,29 @@ def test_expired_lease_is_served_again_and_late_ack_is_410(client: TestClient, c
     assert late.status_code == 410 and late.json()["error"]["code"] == "lease_expired"
 
 
+def test_a_late_ack_stands_while_no_other_batch_has_taken_the_groups(client: TestClient, clock) -> None:
+    start_run(client, 8)
+    _fill(client, 2)
+    lease = client.post("/batch", json={"lease_seconds": 10}).json()
+    clock.advance(11)
+    assert client.get("/status").json()["queue_size"] == 2  # expired: back in the queue
+    assert client.post(f"/batch/{lease['batch_id']}/ack").json() == {"status": "acked", "current_step": 1}
+    status = client.get("/status").json()
+    assert status["queue_size"] == 1 and status["current_step"] == 1
+    assert [item["scores"][0] for item in client.post("/batch").json()["batch"]] == [1]  # not served twice
+
+
+def test_a_lease_survives_a_restart_of_the_server(make_client, tmp_path) -> None:
+    client = make_client(state_dir=tmp_path)
+    start_run(client, 8)
+    _fill(client, 2)
+    lease = client.post("/batch", json={"lease_seconds": 600}).json()
+    client.__exit__(None, None, None)  # the server stops; its state stays on disk
+    restarted = make_client(state_dir=tmp_path)
+    assert restarted.post(f"/batch/{lease['batch_id']}/ack").json() == {"status": "acked", "current_step": 1}
+    assert [item["scores"][0] for item in restarted.post("/batch").json()["batch"]] == [1]
+
+
 def test_repeatedly_expiring_groups_are_dead_lettered(make_client, clock) -> None:
     client = make_client(max_redeliveries=2)
     start_run(client, 8)

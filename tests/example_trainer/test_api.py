@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 import httpx
@@ -27,8 +28,8 @@ GROUP_SIZE = 8
 class ThreadedServer:
     """An ASGI app served by uvicorn on a free loopback port, in a thread of this process."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.port = free_port()
+    def __init__(self, app: ASGIApp, port: Optional[int] = None) -> None:
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", access_log=False)
         self.server = uvicorn.Server(config)
@@ -184,13 +185,55 @@ def test_nack_serves_the_batch_again(server: ThreadedServer) -> None:
         assert score_of(feed.next(timeout=10)) == score_of(batch) == 0
 
 
-def test_late_ack_names_the_lease_setting(server: ThreadedServer) -> None:
-    start_run(server.url, 1)
+def test_a_late_ack_stands_unless_another_batch_took_the_groups_and_then_names_the_lease_setting(
+        server: ThreadedServer) -> None:
+    start_run(server.url, 2)
     with BatchFeed(server.url, max_prefetch_batches=1, lease_seconds=0.3, wait_seconds=0.2) as feed:
         batch = feed.next(timeout=10)
         time.sleep(0.6)
+        assert feed.ack(batch) == 1  # expired, but nobody took its groups since
+        batch = feed.next(timeout=10)
+        time.sleep(0.6)
+        assert httpx.post(f"{server.url}/batch").json()["batch"] is not None  # another consumer takes them
         with pytest.raises(AtroposApiError, match="--lease-seconds"):
             feed.ack(batch)
+
+
+def durable_app(state_dir: Path) -> ASGIApp:
+    return create_app(ApiSettings(state_dir=state_dir, validation_workers=0))
+
+
+def test_a_feed_rides_out_an_api_restart(tmp_path: Path) -> None:
+    port = free_port()
+    lines: list[str] = []
+    first = ThreadedServer(durable_app(tmp_path), port=port).__enter__()
+    start_run(first.url, 2)
+    feed = BatchFeed(first.url, max_prefetch_batches=1, wait_seconds=0.2, poll_interval=0.05, progress_every=0.2,
+                     outage_seconds=30, log=lines.append)
+    try:
+        batch = feed.next(timeout=10)
+        first.__exit__()
+        done: list[int] = []
+        acking = threading.Thread(target=lambda: done.append(feed.ack(batch)))
+        acking.start()
+        time.sleep(1.0)
+        assert not done and any("does not answer" in line for line in lines)
+        with ThreadedServer(durable_app(tmp_path), port=port):  # restarted: its state read back from disk
+            acking.join(20)
+            assert done == [1]
+    finally:
+        feed.close()
+
+
+def test_a_feed_gives_up_on_an_api_gone_for_longer_than_its_outage_limit(server: ThreadedServer) -> None:
+    start_run(server.url, 1)
+    feed = BatchFeed(server.url, max_prefetch_batches=1, wait_seconds=0.2, poll_interval=0.05, outage_seconds=0.5,
+                     log=lambda line: None)
+    batch = feed.next(timeout=10)
+    server.__exit__()
+    with pytest.raises(AtroposApiError, match="did not come back within 0.5 s"):
+        feed.ack(batch)
+    feed.close()
 
 
 def test_next_times_out_and_reports_waiting(server: ThreadedServer) -> None:

@@ -9,6 +9,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -217,6 +219,60 @@ def test_a_trainer_against_a_restarted_api_holding_a_later_step_refuses_or_resum
         trainers.train(again.model_copy(update={"replace_run": True, "training_steps": 1,
                                                 "save_path": str(tmp_path / "other")}))
         assert httpx.get(restarted.url + "/status").json()["current_step"] == 1
+
+
+def test_training_rides_out_a_restart_of_run_api(api: ApiProcess, tiny_model: Path, tmp_path: Path,
+                                                recorded: list[RecordingSync], monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    from atroposlib import trainer_api
+
+    monkeypatch.setattr(trainer_api, "RETRY", trainer_api.RetryPolicy(attempts=2, min_wait=0.2, max_wait=0.5))
+    post_groups(api, 5)
+    restarts: list[threading.Thread] = []
+
+    def restart_api_once(checkpoint: str, step: int) -> float:
+        """After step 1's checkpoint, before its ack: run-api stops, and is back 3 s later."""
+        if not restarts:
+            api.stop()
+            restarts.append(threading.Thread(target=lambda: (time.sleep(3), api.start())))
+            restarts[0].start()
+        return 0.0
+
+    monkeypatch.setattr(RecordingSync, "publish", lambda self, checkpoint, step: restart_api_once(checkpoint, step))
+    trainers.train(config_for(api, tiny_model, tmp_path, training_steps=3, vllm_restart_interval=1,
+                              checkpoint_interval=1))
+    restarts[0].join()
+    assert "does not answer (ack b-000001)" in capsys.readouterr().out
+    status = httpx.get(api.url + "/status").json()
+    assert status["current_step"] == 3 and status.get("dropped_groups", {}) == {}
+    served = httpx.get(api.url + "/batches/served?since=0").json()["batches"]
+    seqs = [json.dumps(item, sort_keys=True) for batch in served for item in batch["batch"]]
+    assert len(served) == 3 and len(seqs) == len(set(seqs))  # no group trained twice
+    assert sorted(path.name for path in (tmp_path / "checkpoints").iterdir()) == [
+        "final_model", "step_1", "step_2", "step_3"]
+
+
+def test_a_step_whose_ack_is_refused_leaves_no_checkpoint_to_resume_from(
+        api: ApiProcess, tiny_model: Path, tmp_path: Path, recorded: list[RecordingSync],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from example_trainer.api import AtroposApiError, BatchFeed
+
+    post_groups(api, 4)
+    acked: list[int] = []
+    real_ack = BatchFeed.ack
+
+    def ack(feed: BatchFeed, batch: object) -> int:
+        if acked:
+            raise AtroposApiError("batch b-000002 was served again in another batch before its ack", 410)
+        acked.append(real_ack(feed, batch))
+        return acked[-1]
+
+    monkeypatch.setattr(BatchFeed, "ack", ack)
+    with pytest.raises(trainers.TrainerError) as error:
+        trainers.train(config_for(api, tiny_model, tmp_path, training_steps=3, vllm_restart_interval=1))
+    checkpoints = tmp_path / "checkpoints"
+    assert sorted(path.name for path in checkpoints.iterdir()) == ["step_1", "step_2.unacknowledged"]
+    assert "set aside as step_2.unacknowledged" in str(error.value)
 
 
 def test_a_checkpoint_already_at_the_last_step_is_an_error(api: ApiProcess, tiny_model: Path, tmp_path: Path,
