@@ -142,7 +142,7 @@ class BatchFeed:
     def __init__(self, url: str, max_prefetch_batches: int = 4, lease_seconds: float = 1800.0, *,
                  wait_seconds: float = LONG_POLL_S, poll_interval: float = 1.0,
                  progress_every: float = PROGRESS_EVERY_S, outage_seconds: float = API_OUTAGE_S,
-                 log: Callable[[str], None] = lambda line: print(line, flush=True)) -> None:
+                 trains: bool = True, log: Callable[[str], None] = lambda line: print(line, flush=True)) -> None:
         if max_prefetch_batches < 1:
             raise ValueError("max_prefetch_batches must be at least 1")
         self.url = url.rstrip("/")
@@ -151,6 +151,7 @@ class BatchFeed:
         self.poll_interval = poll_interval
         self.progress_every = progress_every
         self.outage_seconds = outage_seconds
+        self.trains = trains  # False for a consumer that does not train: its acks leave the step alone
         self.log = log
         self.legacy = False
         self._slots = threading.Semaphore(max_prefetch_batches)  # one per unacknowledged batch
@@ -299,7 +300,9 @@ class BatchFeed:
         return None
 
     def _lease(self) -> Optional[LeasedBatch]:
-        body = {"lease_seconds": self.lease_seconds, "wait_seconds": self.wait_seconds}
+        body: dict[str, Any] = {"lease_seconds": self.lease_seconds, "wait_seconds": self.wait_seconds}
+        if not self.trains:
+            body["trains"] = False
 
         def call() -> Optional[dict[str, Any]]:
             try:

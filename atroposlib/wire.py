@@ -161,6 +161,8 @@ class LeaseRequest(BaseModel):
     lease_seconds: float = Field(default=300.0, gt=0, le=86_400)
     wait_seconds: float = Field(default=0.0, ge=0, le=30)
     client_id: Optional[str] = Field(default=None, max_length=256)
+    trains: bool = Field(default=True, description="false for a consumer that does not train on the batch (a "
+                                                   "dataset tool): its ack does not advance the training step")
 
 
 class ErrorInfo(BaseModel):

@@ -101,7 +101,7 @@ def processes(args: argparse.Namespace, model: Path, work: Path) -> dict[str, li
             "--gradient-accumulation-steps", str(sequences // args.micro_batch), "--seq-len", "256",
             "--max-model-len", "512", "--optimizer", "adamw", "--lr", str(args.lr),
             "--weight-bridge-mode", "reload", "--vllm-restart-interval", str(args.sync_every),
-            "--checkpoint-interval", "0", "--vllm-port", str(vllm_port), "--atropos-url", api,
+            "--checkpoint-interval", "0", "--save-total-limit", "0", "--vllm-port", str(vllm_port), "--atropos-url", api,
             "--save-path", str(work / "checkpoints"), "--log-dir", str(work), *args.trainer_flag],
         "small_sums_env": [
             sys.executable, str(ENV), "serve", "--env.rollout_server_url", api,

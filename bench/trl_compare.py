@@ -246,8 +246,10 @@ def report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]]) -> d
                                                      target) for run in runs[name]]
         side["ratio_to_trl"] = (side["reach_seconds"] / trl_at if side["reach_seconds"] is not None and trl_at
                                 else None)
-        side["behind_trl_beyond_spread"] = [point["step"] for point in side["curve"] if point["step"] in trl_by_step
-                                            and point["accuracy"]["max"] < trl_by_step[point["step"]]["min"]]
+        # with one seed a side there is no spread to speak of: the check needs two or more
+        side["behind_trl_beyond_spread"] = [
+            point["step"] for point in side["curve"] if min(side["seeds"], sides["trl"]["seeds"]) > 1
+            and point["step"] in trl_by_step and point["accuracy"]["max"] < trl_by_step[point["step"]]["min"]]
     return result
 
 

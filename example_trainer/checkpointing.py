@@ -14,7 +14,8 @@ tokenizer files), ``adapter_step_{n}/`` or ``final_adapter/`` for a LoRA adapter
 
 Writing is atomic: everything goes to ``<name>.tmp-<pid>`` first, which is renamed into
 place only when complete; a failure mid-way leaves the previous checkpoint of that name
-untouched. With ``keep_last_n`` only the newest ``n`` step checkpoints are kept.
+untouched. With ``save_total_limit`` only the newest ``n`` step checkpoints are kept, and the newest
+one with optimizer state (a weight-sync checkpoint is no point to resume from).
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ class TrainerState(BaseModel):
 
 def save_checkpoint(model: Any, tokenizer: Any, save_path: str, step: int, is_final: bool = False, *,
                     optimizer: Optional[torch.optim.Optimizer] = None, state: Optional[TrainerState] = None,
-                    keep_last_n: Optional[int] = None, state_dict: Optional[dict[str, torch.Tensor]] = None,
+                    save_total_limit: int = 0, state_dict: Optional[dict[str, torch.Tensor]] = None,
                     optimizer_state: Optional[dict[str, Any]] = None) -> str:
     """Write the full model to ``step_{step}/`` (``final_model/`` when final); returns its path.
     A distributed run passes the gathered `state_dict` and `optimizer_state` (its model is sharded)."""
@@ -70,22 +71,22 @@ def save_checkpoint(model: Any, tokenizer: Any, save_path: str, step: int, is_fi
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         _write_run_state(tmp, step, rng, _optimizer_state(model, optimizer, optimizer_state), state)
-    if not is_final and keep_last_n:
-        _prune(Path(save_path), "step_", keep_last_n)
+    if not is_final and save_total_limit:
+        _prune(Path(save_path), "step_", save_total_limit)
     return str(Path(save_path) / name)
 
 
 def save_lora_checkpoint(model: Any, save_path: str, step: int, is_final: bool = False, *,
                          optimizer: Optional[torch.optim.Optimizer] = None, state: Optional[TrainerState] = None,
-                         keep_last_n: Optional[int] = None, optimizer_state: Optional[dict[str, Any]] = None) -> str:
+                         save_total_limit: int = 0, optimizer_state: Optional[dict[str, Any]] = None) -> str:
     """Write a PEFT model's adapter to ``adapter_step_{step}/`` (``final_adapter/`` when final)."""
     name = "final_adapter" if is_final else f"adapter_step_{step}"
     rng = _rng_state()
     with _atomic_dir(Path(save_path), name) as tmp:
         model.save_pretrained(tmp)
         _write_run_state(tmp, step, rng, _optimizer_state(model, optimizer, optimizer_state), state)
-    if not is_final and keep_last_n:
-        _prune(Path(save_path), "adapter_step_", keep_last_n)
+    if not is_final and save_total_limit:
+        _prune(Path(save_path), "adapter_step_", save_total_limit)
     return str(Path(save_path) / name)
 
 
@@ -199,9 +200,12 @@ def _set_rng_state(rng: dict[str, Any]) -> None:
 
 
 def _prune(root: Path, prefix: str, keep: int) -> None:
-    """Delete all but the newest `keep` ``<prefix><n>`` checkpoints under `root`."""
+    """Delete all but the newest `keep` ``<prefix><n>`` checkpoints under `root`, and the
+    newest one with optimizer state (the point a run resumes from)."""
     pattern = re.compile(re.escape(prefix) + r"(\d+)")
     steps = sorted((int(match.group(1)), path) for path in root.iterdir()
                    if path.is_dir() and (match := pattern.fullmatch(path.name)))
+    resumable = [path for _, path in steps if (path / OPTIMIZER_FILE).is_file()]
     for _, path in steps[:-keep]:
-        shutil.rmtree(path)
+        if not resumable or path != resumable[-1]:
+            shutil.rmtree(path)

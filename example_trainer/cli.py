@@ -75,7 +75,9 @@ def _training_args(parser: argparse.ArgumentParser) -> None:
                        help="steps between recovery checkpoints in shared_vllm mode (0: only the final one)")
     group.add_argument("--resume-from", default=None,
                        help="continue from this checkpoint directory (step, optimizer and RNG state)")
-    group.add_argument("--keep-last-n", type=int, default=None, help="keep only the newest N step checkpoints")
+    group.add_argument("--save-total-limit", "--keep-last-n", dest="save_total_limit", type=int, default=3,
+                       help="step checkpoints to keep: the newest N, and the newest with optimizer state to resume "
+                            "from (0: all; final_model is always kept)")
     group.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=None,
                        help="recompute activations in the backward pass, saving memory for a third more compute "
                             "(default: on a GPU, as Atropos; off on a CPU)")

@@ -9,7 +9,7 @@ same here), with these changes:
   the choice and says why.
 * Added: ``resume_from``, ``use_env_advantages``, ``missing_logprobs``,
   ``vllm_stop_during_train``, ``kl_coef``, ``max_prefetch_batches``, ``lease_seconds``,
-  ``vllm_python``, ``keep_last_n``, ``log_dir``, the ``reload`` weight-bridge mode, and
+  ``vllm_python``, ``save_total_limit``, ``log_dir``, the ``reload`` weight-bridge mode, and
   ``inference_server_urls`` / ``slurm_inference_servers``: in ``reload`` mode, inference
   servers the trainer did not start (other machines, a Slurm job's inference nodes) take
   each checkpoint instead of a vLLM of its own (`example_trainer.inference_servers`).
@@ -34,7 +34,7 @@ from __future__ import annotations
 import warnings
 from typing import Iterable, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from atroposlib.local.cpu import DTYPES, Dtype, DtypeChoice, choose_dtype, read_cpu
@@ -101,7 +101,9 @@ class TrainingConfig(BaseModel):
     save_path: str = "trained_model_checkpoints"
     checkpoint_interval: int = Field(3, description="steps between recovery checkpoints (shared_vllm); 0: final only")
     resume_from: Optional[str] = Field(None, description="checkpoint directory to continue from")
-    keep_last_n: Optional[int] = Field(None, ge=1, description="keep only this many step checkpoints")
+    save_total_limit: int = Field(3, ge=0, validation_alias=AliasChoices("save_total_limit", "keep_last_n"),
+                                  description="step checkpoints kept, the newest (and the newest with optimizer "
+                                              "state); 0: all")
 
     # GRPO
     loss_type: LossType = Field("grpo", description="policy loss: grpo, dr_grpo, dapo or gspo")

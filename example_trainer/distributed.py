@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import datetime
 import os
+import signal
+import threading
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -35,6 +37,8 @@ from example_trainer.precision import precision_for
 
 # Ranks other than 0 wait in a broadcast while rank 0 waits for the environments: allow long waits.
 COLLECTIVE_TIMEOUT = datetime.timedelta(hours=4)
+# How long a process waits for the others to join before it says so and stops.
+JOIN_TIMEOUT = datetime.timedelta(minutes=10)
 
 
 class DistributedError(RuntimeError):
@@ -82,14 +86,31 @@ def start(config: TrainingConfig) -> Ranks:
         torch.cuda.set_device(ranks.local_rank)
         config.device = f"cuda:{ranks.local_rank}"
     if not dist.is_initialized():
-        init_method = None if "RANK" in os.environ else config.init_method
-        try:
-            dist.init_process_group("nccl" if on_gpu else "gloo", init_method=init_method, rank=ranks.rank,
-                                    world_size=ranks.world_size, timeout=COLLECTIVE_TIMEOUT)
-        except (RuntimeError, ValueError) as exc:
-            raise DistributedError(f"rank {ranks.rank} of {ranks.world_size} could not join the run at "
-                                   f"{init_method or 'torchrun'}: {str(exc).strip().splitlines()[0][:200]}") from None
+        join(ranks, "env://" if "RANK" in os.environ else config.init_method, "nccl" if on_gpu else "gloo")
     return ranks
+
+
+def join(ranks: Ranks, init_method: str, backend: str) -> None:
+    """Meet the other processes at `init_method` (saying so, and stopping after `JOIN_TIMEOUT`),
+    then form the process group. Ctrl-C and SIGTERM stop the process at once while it waits:
+    the wait is in C++, where Python's handlers do not run, and nothing has been started yet."""
+    print(f"rank {ranks.rank} of {ranks.world_size}: waiting for the other processes to join at {init_method} "
+          f"(up to {JOIN_TIMEOUT.seconds // 60} min; start ranks 0-{ranks.world_size - 1} with --trainer-rank, "
+          "or launch them all with torchrun)", flush=True)
+    on_main_thread = threading.current_thread() is threading.main_thread()  # only it may set handlers
+    handlers = {signum: signal.signal(signum, signal.SIG_DFL)
+                for signum in ((signal.SIGINT, signal.SIGTERM) if on_main_thread else ())}
+    try:
+        store, _, _ = next(dist.rendezvous(init_method, ranks.rank, ranks.world_size, timeout=JOIN_TIMEOUT))
+        store.set_timeout(COLLECTIVE_TIMEOUT)
+        dist.init_process_group(backend, store=store, rank=ranks.rank, world_size=ranks.world_size,
+                                timeout=COLLECTIVE_TIMEOUT)
+    except (RuntimeError, ValueError) as exc:
+        raise DistributedError(f"rank {ranks.rank} of {ranks.world_size} could not join the run at {init_method}: "
+                               f"{str(exc).strip().splitlines()[0][:200]}") from None
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
 
 
 # How gloo and NCCL word the loss of a peer when they raise a plain RuntimeError.

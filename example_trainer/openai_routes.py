@@ -192,6 +192,15 @@ def _served_name(engine: AsyncLLM) -> str:
     return str(getattr(config, "served_model_name", None) or config.model)
 
 
+def _check_model(engine: AsyncLLM, adapter: Any, model: Optional[str]) -> None:
+    """404 for a request naming a model this server does not serve (its served name, the model
+    folder it loaded, or the LoRA adapter it holds), as vLLM's own server answers."""
+    names = {_served_name(engine), str(engine.model_config.model)} | ({adapter.lora_name} if adapter else set())
+    if model and model not in names:
+        raise HTTPException(status_code=404, detail=f"the model {model!r} is not served here; this server serves "
+                                                    f"{', '.join(sorted(names))} (GET /v1/models)")
+
+
 def _token_text(engine: AsyncLLM, token: int, value: Any) -> str:
     decoded = getattr(value, "decoded_token", None)
     return decoded if decoded is not None else engine.tokenizer.decode([token])
@@ -277,6 +286,7 @@ def openai_router(hooks: EngineHooks) -> APIRouter:
     @router.post("/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         engine = hooks.engine()
+        _check_model(engine, hooks.adapter(), body.model)
         prompt_ids = _chat_prompt_ids(engine, body)
         top = body.top_logprobs or 0
         params = body.sampling(top if body.logprobs else None, _default_max_tokens(engine, prompt_ids))
@@ -296,6 +306,7 @@ def openai_router(hooks: EngineHooks) -> APIRouter:
     @router.post("/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
         engine = hooks.engine()
+        _check_model(engine, hooks.adapter(), body.model)
         prompt_ids = _completion_prompt_ids(engine, body.single_prompt())
         params = body.sampling(body.logprobs, _default_max_tokens(engine, prompt_ids))
         output = await run(request, prompt_ids, params)

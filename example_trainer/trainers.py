@@ -288,10 +288,10 @@ def save(run: Run, step: int, final: bool = False, recovery: bool = True) -> str
         if final:  # an adapter folder holds no tokenizer: one copy next to the adapters (Atropos's layout)
             save_tokenizer(run.tokenizer, config.save_path)
         path = save_lora_checkpoint(model, config.save_path, step, is_final=final, optimizer_state=optimizer_state,
-                                    state=state, keep_last_n=config.keep_last_n)
+                                    state=state, save_total_limit=config.save_total_limit)
     elif ranks.is_main:
         path = save_checkpoint(model, run.tokenizer, config.save_path, step, is_final=final, state_dict=weights,
-                               optimizer_state=optimizer_state, state=state, keep_last_n=config.keep_last_n)
+                               optimizer_state=optimizer_state, state=state, save_total_limit=config.save_total_limit)
     return distributed.broadcast(path, ranks)
 
 

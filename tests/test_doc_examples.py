@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import subprocess
 import threading
 from pathlib import Path
 
 import httpx
+from transformers import AutoTokenizer
 
 from atroposlib.envs.server_handling.server_harness import TESTING_RESPONSE
 from tests.conftest import env_registration, group
 from tests.doc_blocks import doc_block
 from tests.doc_commands import block_environment, command_line, mirror_of_repository
-from tests.envs.conftest import start_fake_inference
+from tests.environments.scripted_inference import ScriptedInference
 from tests.helpers import ApiProcess
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -62,18 +64,24 @@ def _run_minimal_env(tmp_path: Path, tokenizer_dir: Path, start: str, replace: d
     return [json.loads(line) for line in (workdir / "data" / "addition.jsonl").read_text().splitlines()]
 
 
-def test_minimal_env_scores_right_and_wrong_answers(tmp_path: Path, tokenizer_dir: Path) -> None:
-    inference, url = start_fake_inference()
-    try:  # the fake server answers even-numbered choices right and odd ones off by one
+def boxed_sum_half_right(prompt: str, index: int) -> str:
+    """Even choices answer right in \\boxed{}, odd ones one off."""
+    a, b = map(int, re.findall(r"What is (\d+) \+ (\d+)\?", prompt)[-1])
+    return f"\\boxed{{{a + b + index % 2}}}"
+
+
+def test_minimal_env_scores_right_and_wrong_answers_with_the_samplers_logprobs(tmp_path: Path,
+                                                                               tokenizer_dir: Path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    with ScriptedInference(boxed_sum_half_right, tokenizer) as server:
         groups = _run_minimal_env(tmp_path, tokenizer_dir,
                                   "python docs/examples/minimal_env.py process --env.tokenizer_name",
-                                  {"http://127.0.0.1:9001/v1": url})
-    finally:
-        inference.terminate()
-        inference.wait(10)
+                                  {"http://127.0.0.1:9001/v1": f"{server.url}/v1"})
     assert [group["scores"] for group in groups] == [[1.0, -1.0, 1.0, -1.0]] * 8  # total_steps 8: config_init's
     for written in groups:
-        assert all(-100 in masks and masks[-1] != -100 for masks in written["masks"])
+        for tokens, masks, logprobs in zip(written["tokens"], written["masks"], written["inference_logprobs"]):
+            assert len(tokens) == len(masks) == len(logprobs) and -100 in masks and masks[-1] != -100
+            assert all(logprobs[i] <= 0 for i, mask in enumerate(masks) if mask != -100)
 
 
 def test_minimal_env_runs_without_a_model_under_testing(tmp_path: Path, tokenizer_dir: Path) -> None:

@@ -88,11 +88,13 @@ class Dispatcher:
         log.info("fallback packer formed a batch of %d groups", len(picked))
         return [entries[i] for i in picked]
 
-    def _take_next_batch(self) -> Optional[tuple[list[Entry], str]]:
+    def _take_next_batch(self, trains: bool = True) -> Optional[tuple[list[Entry], str]]:
         """Form the next batch, remove its groups from the queue and name it; inside
-        the caller's transaction. None when no batch can be formed."""
+        the caller's transaction. None when no batch can be formed. Groups too stale to
+        train on are dropped first, unless the batch is for a consumer that does not train."""
         state = self.state
-        self._drop_stale()
+        if trains:
+            self._drop_stale()
         entries = self._form()
         if entries is None:
             return None
@@ -162,10 +164,11 @@ class Dispatcher:
         state.metrics.batches_served.labels(mode="get").inc()
         return served_items(state.journal.item_payloads([e.seq for e in entries]))
 
-    def _commit(self, entries: list[Entry], batch_id: str) -> None:
+    def _commit(self, entries: list[Entry], batch_id: str, trains: bool = True) -> None:
+        """Mark `entries` served as `batch_id`; a batch a trainer trained on advances the step."""
         state = self.state
         trained_at = state.step
-        state.step += 1
+        state.step += 1 if trains else 0
         unknown = 0
         for entry in entries:
             state.pending.remove(entry)
@@ -184,10 +187,11 @@ class Dispatcher:
         state.journal.set_meta("step", state.step)
 
     # -- leases -------------------------------------------------------------------------------
-    def lease_batch(self, lease_seconds: float, client_id: Optional[str]) -> Optional[tuple[Lease, list[bytes]]]:
+    def lease_batch(self, lease_seconds: float, client_id: Optional[str],
+                    trains: bool = True) -> Optional[tuple[Lease, list[bytes]]]:
         state = self.state
         with state.journal.transaction():
-            taken = self._take_next_batch()
+            taken = self._take_next_batch(trains)
             if taken is None:
                 return None
             entries, batch_id = taken
@@ -198,6 +202,7 @@ class Dispatcher:
                 step=state.step,
                 client_id=client_id,
                 entries=entries,
+                trains=trains,
             )
             state.leases[lease.batch_id] = lease
             state.journal.move_items(((s, None) for s in lease.seqs), "leased", lease.batch_id)
@@ -223,7 +228,7 @@ class Dispatcher:
             with state.journal.transaction():
                 entries = state.queue.take(lease.seqs)
                 state.bump_queue()
-                self._commit(entries, batch_id)
+                self._commit(entries, batch_id, lease.trains)
                 self._settle(lease, "acked")
             return {"status": "acked", "current_step": state.step}
         if lease.state != "leased":
@@ -233,7 +238,7 @@ class Dispatcher:
                 {"batch_id": batch_id, "state": lease.state},
             )
         with state.journal.transaction():
-            self._commit(lease.entries, batch_id)
+            self._commit(lease.entries, batch_id, lease.trains)
             self._settle(lease, "acked")
         return {"status": "acked", "current_step": state.step}
 

@@ -75,7 +75,7 @@ async def lease_batch(request: Request) -> Response:
     deadline = time.monotonic() + lease_request.wait_seconds
     while True:
         rt.housekeep()
-        leased = rt.dispatch.lease_batch(lease_request.lease_seconds, lease_request.client_id)
+        leased = rt.dispatch.lease_batch(lease_request.lease_seconds, lease_request.client_id, lease_request.trains)
         if leased is not None or time.monotonic() >= deadline:
             break
         await asyncio.sleep(LONG_POLL_INTERVAL_S)

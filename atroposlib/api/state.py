@@ -45,11 +45,12 @@ class Lease:
     state: str = "leased"  # leased | acked | nacked | expired
     settled_at: Optional[float] = None
     entries: list[Entry] = field(default_factory=list, repr=False)
+    trains: bool = True  # False: a dataset tool's lease, whose ack leaves the training step where it is
 
     def record(self) -> bytes:
         return orjson.dumps(
             {k: getattr(self, k) for k in ("batch_id", "seqs", "expires_at", "step",
-                                           "client_id", "state", "settled_at")}
+                                           "client_id", "state", "settled_at", "trains")}
         )
 
 
@@ -179,8 +180,8 @@ class RunState:
         return self.config.max_staleness if self.config else None
 
     def training_step(self) -> int:
-        """The step the next batch formed will be trained at."""
-        return self.step + self.leased_batches()
+        """The step the next batch formed will be trained at (tools' leases are not trained)."""
+        return self.step + sum(lease.state == "leased" and lease.trains for lease in self.leases.values())
 
     def bump_queue(self) -> None:
         self.queue_version += 1
@@ -387,6 +388,7 @@ class RunState:
             "batches_served": self.batch_counter,
             "registered": self.registered,
             "max_staleness": self.max_staleness,
+            "num_steps": self.config.num_steps if self.config else None,
             "dropped_groups": dict(self.dropped),
             "unknown_version_groups": self.unknown_version_groups,
         }

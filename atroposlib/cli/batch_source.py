@@ -1,9 +1,11 @@
 """Where the data tools and viewers get scored groups: a live trajectory API, or a JSONL file.
 
 From the API a tool must never destroy or steal a training run's data. `ApiBatchSource`
-therefore refuses (`ToolRefused`) to register when a trainer already has (unless forced),
-wipes the run only when asked, and takes batches with leases, so a batch the tool did not
-finish goes back to the queue. A `process` JSONL file (one group per line) needs no API.
+therefore refuses (`ToolRefused`) to register when a trainer already has (unless forced, or
+the trainer has made all its steps), wipes the run only when asked, and takes batches with
+leases, so a batch the tool did not finish goes back to the queue; its leases are marked as
+not trained on, so the run's training step stays where the trainer left it and no group is
+dropped as stale on the tool's account. A `process` JSONL file (one group per line) needs no API.
 """
 
 from __future__ import annotations
@@ -78,6 +80,8 @@ class ApiBatchSource:
         if self.trainer_registered() and self._tool_registered(registration):
             self.log(f"the run at {self.url} was registered by a dataset tool with these settings (an earlier run, "
                      "kept across an API restart): taking it over")
+        elif self.trainer_registered() and self._run_finished():
+            self.log(f"the training run at {self.url} has finished: taking the groups it left")
         elif self.trainer_registered():
             if not force:
                 raise ToolRefused(f"a training run is registered at {self.url}; {STEAL_WARNING} "
@@ -89,6 +93,12 @@ class ApiBatchSource:
             with_retries(lambda: request("POST", f"{self.url}/register", json=registration))
         except AtroposApiError as err:
             raise ToolRefused(str(err)) from None
+
+    def _run_finished(self) -> bool:
+        """Whether the registered run's trainer has made all its steps (``num_steps``)."""
+        status = self._get("/status")
+        steps = status.get("num_steps") if isinstance(status, dict) else None
+        return isinstance(steps, int) and steps > 0 and status.get("current_step", 0) >= steps
 
     def _tool_registered(self, registration: dict[str, Any]) -> bool:
         """Whether the registered run is one a dataset tool made with `registration`'s settings
@@ -116,7 +126,8 @@ class ApiBatchSource:
     def next_batch(self, timeout: Optional[float] = None) -> Batch:
         """The next batch, leased; `TimeoutError` when none comes within `timeout` seconds."""
         if self._feed is None:
-            self._feed = BatchFeed(self.url, max_prefetch_batches=1, lease_seconds=self.lease_seconds, log=self.log)
+            self._feed = BatchFeed(self.url, max_prefetch_batches=1, lease_seconds=self.lease_seconds, trains=False,
+                                   log=self.log)
         try:
             leased = self._feed.next(timeout)
         except AtroposApiError as err:

@@ -55,6 +55,12 @@ class ApiKeyRefused(Rejected):
 AUTH_FAILURES = (401, 403)
 
 
+def awaits_trainer(status: int, body: str) -> bool:
+    """Whether a refusal means only that no trainer has registered yet (an API restarted with
+    ``--fresh``): what was refused is kept and sent again once one has."""
+    return status == 409 and "not_registered" in body
+
+
 def _retryable(exc: BaseException) -> bool:
     return isinstance(exc, httpx.TransportError) or (
         isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code >= 500
@@ -175,6 +181,11 @@ class TrajectoryApiClient:
             log.error("%s; submission spooled to %s and sent once the key is right", exc, self.spool.folder)
             return False
         except Rejected as exc:
+            if awaits_trainer(exc.status, exc.body):
+                self.spool.append(endpoint, raw)
+                log.warning("the API holds no run until a trainer registers; submission spooled to %s",
+                            self.spool.folder)
+                return False
             self._record_rejection(endpoint, exc.status, exc.body, raw)
             return False
         except httpx.HTTPError as exc:
@@ -197,8 +208,9 @@ class TrajectoryApiClient:
                     response = await self.http.post(endpoint, content=body, headers=headers)
                 except httpx.HTTPError:
                     break
-                if response.status_code >= 500 or response.status_code in AUTH_FAILURES:
-                    break  # kept: the API is down, or this process's key is wrong
+                if (response.status_code >= 500 or response.status_code in AUTH_FAILURES
+                        or awaits_trainer(response.status_code, response.text)):
+                    break  # kept: the API is down, this process's key is wrong, or no trainer has registered
                 if response.status_code >= 400:
                     self._record_rejection(endpoint, response.status_code, response.text, raw)
                 path.unlink()

@@ -19,6 +19,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from atroposlib.envs.accept import DROP_EXPLANATIONS
+from atroposlib.envs.server_handling.api_server import ModelNotServed
 from atroposlib.envs.server_handling.sampling_record import recording
 from atroposlib.envs.server_handling.server_manager import ManagedServerUnsupported
 from atroposlib.envs.tokenizer_loading import TokenizerUnavailable
@@ -84,7 +85,7 @@ async def _one_group(env: Any, item: Any) -> int:
             kept = await env.handle_send_to_api(result, item, do_send_to_api=False,
                                                 abort_on_any_max_length_exceeded=False)
             return len(kept)
-    except (ManagedServerUnsupported, TokenizerUnavailable):
+    except (ManagedServerUnsupported, TokenizerUnavailable, ModelNotServed):
         raise  # a configuration error: every group would fail the same way
     except Exception:
         log.exception("a group failed")

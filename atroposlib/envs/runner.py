@@ -15,6 +15,7 @@ import yaml
 
 from atroposlib.envs.cli import ConfigError, RunSettings, describe, resolve_settings
 from atroposlib.envs.serve_mode import ServeSetupError
+from atroposlib.envs.server_handling.api_server import ModelNotServed
 from atroposlib.envs.server_handling.server_manager import ManagedServerUnsupported
 from atroposlib.envs.server_handling.slurm import SlurmDiscoveryError
 from atroposlib.envs.tokenizer_loading import TokenizerUnavailable
@@ -129,7 +130,7 @@ def main(env_cls: Any, argv: Optional[Sequence[str]] = None) -> None:
     except (ServeSetupError, TokenizerUnavailable) as exc:  # the tokenizer loads at first use
         print(f"{prog}: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
-    except ManagedServerUnsupported as exc:
+    except (ManagedServerUnsupported, ModelNotServed) as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     except KeyboardInterrupt:

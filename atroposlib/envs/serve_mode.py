@@ -27,8 +27,9 @@ from typing import Any, Optional
 import httpx
 import platformdirs
 
-from atroposlib.envs.api_client import ApiKeyRefused, Rejected, TrajectoryApiClient
+from atroposlib.envs.api_client import ApiKeyRefused, Rejected, TrajectoryApiClient, awaits_trainer
 from atroposlib.envs.serve_report import ServeReport, duration
+from atroposlib.envs.server_handling.api_server import ModelNotServed
 from atroposlib.envs.server_handling.sampling_record import recording
 from atroposlib.envs.server_handling.server_manager import ManagedServerUnsupported
 from atroposlib.envs.stopping import StopRequest
@@ -81,6 +82,12 @@ async def read_status(env: Any) -> Optional[dict[str, Any]]:
     except Rejected as exc:
         if exc.status == 404:
             log.warning("the API does not know env %s any more: registering again", env.env_id)
+            await register(env)
+            return None
+        if awaits_trainer(exc.status, exc.body):
+            log.warning("the trajectory API holds no run any more (restarted with --fresh?): groups are spooled "
+                        "while a trainer registers, then env %s registers again", env.env_id)
+            await env.api.wait_for_trainer()
             await register(env)
             return None
         raise
@@ -218,7 +225,7 @@ async def _collect_and_send(env: Any, key: str, item: Any) -> None:
             result = await env.postprocess_histories(result)
     except asyncio.CancelledError:
         raise
-    except (ManagedServerUnsupported, TokenizerUnavailable) as exc:
+    except (ManagedServerUnsupported, TokenizerUnavailable, ModelNotServed) as exc:
         env.fatal_error = exc  # the main loop stops the run with it
         result = None
     except Exception:

@@ -1,4 +1,5 @@
-"""A complete environment in one file: additions, answered in \\boxed{}, scored +1 or -1.
+"""A complete environment in one file: additions, answered in \\boxed{}, scored +1 or -1, with
+the token ids and sampler logprobs a trainer needs (`managed_server()`, on a vLLM server).
 
     python docs/examples/minimal_env.py process --env.total_steps 4 --env.tokenizer_name TOKENIZER \\
         --openai.base_url http://localhost:9001/v1 --openai.model_name MODEL
@@ -10,7 +11,6 @@ from typing import Optional
 
 from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig, ScoredDataGroup
 from atroposlib.type_definitions import Item
-from atroposlib.utils.tokenize_for_trainer import tokenize_for_trainer
 
 
 class AdditionConfig(BaseEnvConfig):
@@ -25,7 +25,9 @@ class AdditionEnv(BaseEnv):
     def config_init(cls) -> tuple[AdditionConfig, list[APIServerConfig]]:
         """Defaults for this env; flags and YAML override them (and --help shows them)."""
         config = AdditionConfig(group_size=4, max_token_length=256, total_steps=8, use_wandb=False)
-        return config, [APIServerConfig(model_name="default", base_url="http://localhost:9001/v1", api_key="x")]
+        server = APIServerConfig(model_name="smollm2", base_url="http://localhost:9001/v1", api_key="x",
+                                 server_type="vllm")  # vLLM returns token ids and logprobs; plain OpenAI does not
+        return config, [server]
 
     async def setup(self) -> None:
         self.rng = random.Random(0)
@@ -35,18 +37,21 @@ class AdditionEnv(BaseEnv):
         return {"question": f"What is {a} + {b}? Answer in \\boxed{{}}.", "answer": a + b}
 
     async def collect_trajectories(self, item: Item) -> tuple[Optional[ScoredDataGroup], list[Item]]:
-        """One group of `group_size` rollouts of `item`, scored; and items to try later (none here)."""
+        """One group of `group_size` rollouts of `item`, scored; and items to try later (none here).
+        `managed_server()` records each rollout's exact tokens, its mask (-100 on the prompt: only
+        the answer is trained) and the sampler's logprobs, which the trainer's importance ratio needs."""
         prompt = [{"role": "user", "content": item["question"]}]
-        completion = await self.server.chat_completion(messages=prompt, n=self.config.group_size, max_tokens=64)
-        group = ScoredDataGroup(tokens=[], masks=[], scores=[], messages=[])
-        for choice in completion.choices:
-            chat = prompt + [{"role": "assistant", "content": choice.message.content}]
-            tokenized = tokenize_for_trainer(self.tokenizer, chat, finish_reason=choice.finish_reason)
+        async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
+            completion = await managed.chat_completion(messages=prompt, n=self.config.group_size, max_tokens=64)
+            nodes = managed.get_state()["nodes"]
+        group = ScoredDataGroup(tokens=[], masks=[], scores=[], inference_logprobs=[], messages=[])
+        for choice, node in zip(completion.choices, nodes):
             boxed = re.findall(r"\\boxed\{(-?\d+)\}", choice.message.content)
-            group["tokens"].append(tokenized["tokens"])
-            group["masks"].append(tokenized["masks"])  # -100 on the prompt: only the answer is trained
+            group["tokens"].append(node.tokens)
+            group["masks"].append(node.masked_tokens)
+            group["inference_logprobs"].append(node.logprobs)
             group["scores"].append(1.0 if boxed and int(boxed[-1]) == item["answer"] else -1.0)
-            group["messages"].append(chat)
+            group["messages"].append(prompt + [{"role": "assistant", "content": choice.message.content}])
         return group, []
 
     async def evaluate(self, *args, **kwargs) -> None:

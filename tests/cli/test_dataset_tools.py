@@ -165,7 +165,27 @@ def test_refuses_to_take_a_registered_trainers_batches(tokenizer_dir: Path, tmp_
         forced = run_tool(capsys, str(output), "--api-url", api.url, "--tokenizer", str(tokenizer_dir), "--force",
                           "--num-seqs-to-save", "1", "--allow-negative-scores")
         assert forced.returncode == 0, forced.stderr
-        assert httpx.get(api.url + "/status").json()["current_step"] == 1
+        after = httpx.get(api.url + "/status").json()
+        assert after["current_step"] == 0  # the trainer's step: a tool's batches are not trained on
+        assert after["queue_size"] < before["queue_size"] and after.get("dropped_groups", {}) == {}
+
+
+def test_takes_what_a_finished_training_run_left_without_force(tokenizer_dir: Path, tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    with ApiProcess(None) as api:
+        httpx.post(api.url + "/register", json=registration(8, num_steps=1, max_staleness=0)).raise_for_status()
+        httpx.get(api.url + "/batch")
+        push(api.url, make_groups(AutoTokenizer.from_pretrained(str(tokenizer_dir)), count=6, seed=1, size=4))
+        lease = httpx.post(api.url + "/batch").json()  # the trainer's one and last step
+        httpx.post(f"{api.url}/batch/{lease['batch_id']}/ack").raise_for_status()
+        output = tmp_path / "rows.jsonl"
+        done = run_tool(capsys, str(output), "--api-url", api.url, "--tokenizer", str(tokenizer_dir),
+                        "--num-seqs-to-save", "4", "--allow-negative-scores")
+        assert done.returncode == 0, done.stderr
+        assert "has finished: taking the groups it left" in done.stdout + done.stderr
+        status = httpx.get(api.url + "/status").json()
+        assert status["current_step"] == 1 and status.get("dropped_groups", {}) == {}
+        assert output.read_text().splitlines()  # rows written from the groups the run left
 
 
 def test_a_second_run_after_an_api_restart_needs_no_force(tokenizer_dir: Path, tmp_path: Path) -> None:
@@ -209,7 +229,7 @@ def test_a_stop_signal_flushes_the_file_and_gives_back_leases(tokenizer_dir: Pat
         try:
             push(api.url, make_groups(AutoTokenizer.from_pretrained(str(tokenizer_dir)), count=2, seed=2, size=4))
             deadline = time.monotonic() + TOOL_S
-            while httpx.get(api.url + "/status").json()["current_step"] < 1:
+            while not httpx.get(api.url + "/batches/served?since=0").json()["batches"]:  # one batch written
                 assert time.monotonic() < deadline
                 time.sleep(0.2)
             tool.send_signal(signum)

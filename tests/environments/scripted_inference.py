@@ -23,6 +23,7 @@ from typing import Any, Awaitable, Callable, Optional
 
 import uvicorn
 from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
 
 from atroposlib.policy_version import POLICY_VERSION_HEADER
 
@@ -44,8 +45,10 @@ def _prompt_text(messages: list[dict[str, Any]]) -> str:
 class ScriptedInference:
     """The server (a context manager); `requests` keeps every request body it answered."""
 
-    def __init__(self, answer: Answer, tokenizer: Any = None, finish_reason: str = "stop") -> None:
+    def __init__(self, answer: Answer, tokenizer: Any = None, finish_reason: str = "stop",
+                 only_model: Optional[str] = None) -> None:
         self.answer = answer
+        self.only_model = only_model  # when set, requests naming another model get vLLM's 404
         self.tokenizer = tokenizer
         self.finish_reason = finish_reason
         self.requests: list[dict[str, Any]] = []
@@ -76,21 +79,35 @@ class ScriptedInference:
 
         @app.get("/v1/models")
         async def models() -> dict[str, Any]:
-            return {"object": "list", "data": [{"id": "scripted", "object": "model", "created": 0, "owned_by": "tests"}]}
+            return {"object": "list", "data": [{"id": self.only_model or "scripted", "object": "model", "created": 0,
+                                                "owned_by": "tests"}]}
+
+        def unknown_model(body: dict[str, Any]) -> Optional[Response]:
+            """vLLM's 404 for a request naming a model other than `only_model` (when set)."""
+            if self.only_model is None or body.get("model") == self.only_model:
+                return None
+            return JSONResponse({"error": {"message": f"The model `{body.get('model')}` does not exist.",
+                                           "type": "NotFoundError", "code": 404}}, status_code=404)
 
         @app.post("/v1/chat/completions")
-        async def chat(request: Request) -> dict[str, Any]:
+        async def chat(request: Request) -> Any:
             body = await request.json()
             self.requests.append(body)
+            refused = unknown_model(body)
+            if refused is not None:
+                return refused
             texts = self._choices(_prompt_text(body.get("messages", [])), int(body.get("n") or 1))
             choices = [{"index": i, "finish_reason": self.finish_reason, "logprobs": None,
                         "message": {"role": "assistant", "content": text}} for i, text in enumerate(texts)]
             return _envelope("chat.completion", body, choices)
 
         @app.post("/v1/completions")
-        async def completions(request: Request) -> dict[str, Any]:
+        async def completions(request: Request) -> Any:
             body = await request.json()
             self.requests.append(body)
+            refused = unknown_model(body)
+            if refused is not None:
+                return refused
             texts = self._choices(str(body.get("prompt", "")), int(body.get("n") or 1))
             choices = [{"index": i, "finish_reason": self.finish_reason, "logprobs": None, "text": text}
                        for i, text in enumerate(texts)]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -84,3 +85,16 @@ def test_evaluate_scores_the_held_out_pairs_with_the_training_sampling(
     assert {sample["question"] for sample in samples} == {PROMPT.format(a=a, b=b) for a, b in held_out}
     assert all(request["temperature"] == 0.7 for request in server.requests)
     assert sorted(request["seed"] for request in server.requests) == list(range(30))  # eval_seed 0, one per pair
+
+
+def test_a_model_name_the_server_does_not_serve_stops_the_env_in_one_line(tokenizer_dir: Path, tmp_path: Path) -> None:
+    with ScriptedInference(half_right, only_model="smollm2") as server:
+        done = subprocess.run(
+            [sys.executable, str(ENVIRONMENTS / "small_sums_env.py"), "evaluate", "--env.tokenizer_name",
+             str(tokenizer_dir), "--env.use_wandb", "false", "--env.data_dir_to_save_evals", str(tmp_path / "eval"),
+             "--openai.base_url", f"{server.url}/v1", "--openai.model_name", "smolm2",
+             "--openai.server_type", "openai"], capture_output=True, text=True, timeout=120)
+        asked = len(server.requests)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "serves smollm2, not 'smolm2': pass --openai.model_name smollm2" in done.stderr
+    assert "Traceback" not in done.stderr and asked <= 30  # no retries: each held-out pair asked at most once

@@ -145,6 +145,39 @@ def test_no_group_is_lost_when_the_api_dies(tokenizer_dir: Path, inference_url: 
         api.stop()
 
 
+def test_an_env_waits_for_a_trainer_when_the_api_comes_back_fresh(tokenizer_dir: Path, inference_url: str,
+                                                                 tmp_path: Path) -> None:
+    state, sent = tmp_path / "state", tmp_path / "sent.jsonl"
+    api = ApiProcess(state).start()
+    httpx.post(api.url + "/register", json=registration(8)).raise_for_status()
+    httpx.get(api.url + "/batch")
+    env = _start_serving(api.url, tokenizer_dir, inference_url, tmp_path, sent)
+    try:
+        deadline = time.monotonic() + 60
+        while httpx.get(api.url + "/status").json()["queue_size"] < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        api.kill9()
+        api = ApiProcess(state, "--fresh", port=api.port).start()  # no run, no trainer
+        time.sleep(4)
+        assert env.poll() is None, (tmp_path / "env.log").read_text()[-3000:]  # it waits, it does not die
+        httpx.post(api.url + "/register", json=registration(8)).raise_for_status()
+        httpx.get(api.url + "/batch")
+        deadline = time.monotonic() + 60
+        while not httpx.get(api.url + "/envs").json()["envs"] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(2)
+    finally:
+        env.send_signal(signal.SIGTERM)
+        code = env.wait(90)
+    try:
+        log = (tmp_path / "env.log").read_text()
+        assert code == 0 and "holds no run any more" in log and "Traceback" not in log, log[-3000:]
+        assert httpx.get(api.url + "/envs").json()["envs"], log[-3000:]  # registered again
+        assert not (tmp_path / "spool" / "rejected.jsonl").exists()
+    finally:
+        api.stop()
+
+
 def _queued_leftovers(api_url: str) -> list[dict]:
     """Groups still queued that cannot fill a batch: served by a throwaway lease of size 4."""
     leftovers = []

@@ -103,12 +103,21 @@ def test_a_failed_save_leaves_the_previous_checkpoint_intact(tmp_path: Path, tok
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_5"]
 
 
-def test_keep_last_n_prunes_older_step_checkpoints(tmp_path: Path) -> None:
+def test_save_total_limit_prunes_older_step_checkpoints(tmp_path: Path) -> None:
     model = tiny_model()
     for step in (1, 2, 10, 3):
-        save_checkpoint(model, None, str(tmp_path), step, keep_last_n=2)
-    save_checkpoint(model, None, str(tmp_path), 11, is_final=True, keep_last_n=2)
+        save_checkpoint(model, None, str(tmp_path), step, save_total_limit=2)
+    save_checkpoint(model, None, str(tmp_path), 11, is_final=True, save_total_limit=2)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["final_model", "step_10", "step_3"]
+
+
+def test_pruning_keeps_the_newest_checkpoint_to_resume_from(tmp_path: Path) -> None:
+    model = tiny_model()
+    optimizer = torch.optim.AdamW(model.parameters())
+    save_checkpoint(model, None, str(tmp_path), 3, optimizer=optimizer, save_total_limit=1)
+    for step in (4, 5):  # weight-sync checkpoints: weights only
+        save_checkpoint(model, None, str(tmp_path), step, save_total_limit=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_3", "step_5"]
 
 
 def test_lora_checkpoints(tmp_path: Path) -> None:
@@ -118,7 +127,7 @@ def test_lora_checkpoints(tmp_path: Path) -> None:
                                                     task_type="CAUSAL_LM"))
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
     for step in (1, 2, 3):
-        save_lora_checkpoint(model, str(tmp_path), step, optimizer=optimizer, keep_last_n=2)
+        save_lora_checkpoint(model, str(tmp_path), step, optimizer=optimizer, save_total_limit=2)
     final = save_lora_checkpoint(model, str(tmp_path), 4, is_final=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["adapter_step_2", "adapter_step_3", "final_adapter"]
     files = {p.name for p in Path(final).iterdir()}

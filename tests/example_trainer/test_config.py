@@ -23,7 +23,7 @@ ATROPOS_DEFAULTS = {
 ADDED_DEFAULTS = {
     "dtype": "auto", "resume_from": None, "use_env_advantages": False, "missing_logprobs": "on_policy",
     "vllm_stop_during_train": False, "kl_coef": 0.0, "max_prefetch_batches": 4, "vllm_python": None,
-    "keep_last_n": None, "log_dir": "./logs", "lease_seconds": 1800.0, "inference_server_urls": None,
+    "save_total_limit": 3, "log_dir": "./logs", "lease_seconds": 1800.0, "inference_server_urls": None,
     "slurm_inference_servers": False, "loss_type": "grpo", "epsilon_high": None, "dual_clip": None,
     "tis_cap": None, "scale_rewards": "group", "kl_reference": "sampler", "loss_norm_length": None,
     "match_sampler_truncation": True, "max_staleness": None, "pad_to_multiple": None, "replace_run": False, "vllm_pause_during_train": None,
@@ -53,7 +53,7 @@ def test_model_name_is_required_and_unknown_fields_are_refused() -> None:
 
 @pytest.mark.parametrize("field,value", [
     ("lr", 0), ("batch_size", 0), ("max_prefetch_batches", 0), ("weight_bridge_mode", "ipc"),
-    ("dtype", "int8"), ("missing_logprobs", "skip"), ("keep_last_n", 0), ("train_layer_indices", [-1]),
+    ("dtype", "int8"), ("missing_logprobs", "skip"), ("save_total_limit", -1), ("train_layer_indices", [-1]),
     ("inference_server_urls", ["gpu02:9000"]), ("loss_type", "ppo"), ("dual_clip", 1.0), ("tis_cap", 0),
     ("scale_rewards", "std"), ("kl_reference", "ref"), ("max_staleness", -2), ("pad_to_multiple", 0),
 ])

@@ -189,3 +189,34 @@ def test_a_rank_that_dies_ends_the_run_in_one_line_and_loses_no_batch(api: ApiPr
     assert acknowledged >= 1
     assert status["leased_batches"] == 0
     assert status["queue_size"] == 8 - acknowledged  # a batch is one group: leased, untrained ones are back
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_rank_waiting_for_missing_peers_says_so_and_stops_on_a_signal(tiny_model: Path, tmp_path: Path,
+                                                                       signum: int) -> None:
+    command = [sys.executable, "-u", "-m", "example_trainer.grpo", "--model-name", str(tiny_model),
+               "--world-size", "2", "--trainer-rank", "0", "--init-method", f"tcp://127.0.0.1:{free_port()}",
+               "--atropos-url", f"http://127.0.0.1:{free_port()}", "--save-path", str(tmp_path / "checkpoints")]
+    trainer = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert trainer.stdout is not None
+        first = trainer.stdout.readline()
+        assert "rank 0 of 2: waiting for the other processes to join at tcp://" in first
+        time.sleep(0.5)
+        trainer.send_signal(signum)
+        assert trainer.wait(20) != 0
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+            trainer.wait(10)
+
+
+def test_a_rank_whose_peers_never_come_stops_with_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    import datetime
+
+    from example_trainer import distributed
+
+    monkeypatch.setattr(distributed, "JOIN_TIMEOUT", datetime.timedelta(seconds=2))
+    config = TrainingConfig(model_name="m", world_size=2, trainer_rank=0, init_method=f"tcp://127.0.0.1:{free_port()}")
+    with pytest.raises(distributed.DistributedError, match="rank 0 of 2 could not join the run at tcp://"):
+        distributed.start(config)

@@ -182,7 +182,7 @@ def test_openai_routes_need_the_key_use_the_adapter_and_answer_in_openai_shapes(
     fake.vllm_config.lora_config = object()
     client = TestClient(server.app, headers={"Authorization": "Bearer secret"})
     client.post("/lora/load", json={"adapter_path": str(tmp_path), "adapter_name": "step_1"})
-    chat = {"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+    chat = {"model": "step_1", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
             "max_completion_tokens": 3, "logprobs": True, "top_logprobs": 2}
     assert TestClient(server.app).post("/v1/chat/completions", json=chat).status_code == 401
     answer = client.post("/v1/chat/completions", json=chat)
@@ -191,7 +191,7 @@ def test_openai_routes_need_the_key_use_the_adapter_and_answer_in_openai_shapes(
     assert prompt == {"prompt_token_ids": [ord(char) for char in "user: hi\nassistant: "]}
     assert (params.max_tokens, params.logprobs, adapter.lora_name) == (3, 2, "step_1")
     body = answer.json()
-    assert body["object"] == "chat.completion" and body["model"] == "m"
+    assert body["object"] == "chat.completion" and body["model"] == "step_1"
     assert body["choices"][0]["message"] == {"role": "assistant", "content": " x"}
     assert body["choices"][0]["logprobs"]["content"][0]["top_logprobs"][1] == {"token": "6", "logprob": -1.5,
                                                                                 "bytes": [54]}
@@ -213,6 +213,9 @@ def test_openai_routes_need_the_key_use_the_adapter_and_answer_in_openai_shapes(
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": []}, 422, "tools"),
     ("/v1/completions", {"prompt": "x", "n": 2, "temperature": 0.0}, 400, "greedy"),
     ("/v1/completions", {"prompt": ["a", "b"]}, 400, "one prompt"),
+    ("/v1/completions", {"prompt": "x", "model": "gpt-4"}, 404, "'gpt-4' is not served here; this server serves tiny"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "model": "tiny-typo"}, 404,
+     "(GET /v1/models)"),
 ])
 def test_bad_openai_requests_are_4xx_with_the_reason(fake: FakeEngine, route: str, body: dict[str, Any],
                                                     status: int, detail: str) -> None:

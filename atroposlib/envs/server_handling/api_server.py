@@ -19,7 +19,7 @@ from collections import deque
 from typing import Any, Awaitable, Callable, Optional
 
 import httpx
-from tenacity import AsyncRetrying, stop_after_attempt, wait_random_exponential
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
 from atroposlib.envs.server_handling.configs import APIServerConfig
 from atroposlib.envs.server_handling.reasoning import ReasoningConfig
@@ -39,6 +39,25 @@ ATTEMPTS = 3
 
 class ServerUnavailable(RuntimeError):
     """The inference server stayed unhealthy for longer than its timeout."""
+
+
+class ModelNotServed(RuntimeError):
+    """The inference server answered 404 and does not serve the configured model name: every
+    request would fail the same way, so the environment stops with this one line."""
+
+
+def _status_of(exc: BaseException) -> Optional[int]:
+    """The HTTP status of a failed request (openai's and httpx's errors), else None."""
+    status = getattr(exc, "status_code", None)
+    response = getattr(exc, "response", None)
+    if status is None and response is not None:
+        status = getattr(response, "status_code", None)
+    return status if isinstance(status, int) else None
+
+
+def _worth_retrying(exc: BaseException) -> bool:
+    """Failures a second attempt may fix: not a cancellation, not a model the server lacks."""
+    return isinstance(exc, Exception) and not isinstance(exc, ModelNotServed)
 
 
 def root_url(base_url: str) -> str:
@@ -132,7 +151,8 @@ class APIServer(ABC):
         started = time.monotonic()
         attempts = 0
         async for attempt in AsyncRetrying(
-            stop=stop_after_attempt(ATTEMPTS), wait=wait_random_exponential(multiplier=1, max=10), reraise=True
+            stop=stop_after_attempt(ATTEMPTS), wait=wait_random_exponential(multiplier=1, max=10), reraise=True,
+            retry=retry_if_exception(_worth_retrying),
         ):
             with attempt:
                 attempts += 1
@@ -140,12 +160,31 @@ class APIServer(ABC):
                 async with sem:
                     # a fresh list per attempt: only the answers of the attempt that succeeded count
                     with reported_versions() as versions:
-                        result = await wrapper(**kwargs)
+                        try:
+                            result = await wrapper(**kwargs)
+                        except Exception as exc:
+                            if _status_of(exc) == 404:
+                                await self._check_model_is_served()
+                            raise
         (self.request_timings if training else self.eval_request_timings).append(time.monotonic() - started)
         (self.attempts_list if training else self.eval_attempts_list).append(attempts)
         if sampled:
             record_completion(params, oldest(versions))
         return result
+
+    async def _check_model_is_served(self) -> None:
+        """After a 404: `ModelNotServed` when the server's model list lacks the configured name
+        (a server without a readable list says nothing, and the 404 is retried as before)."""
+        url = f"{(self.config.base_url or '').rstrip('/')}/models"
+        try:
+            async with health_client([self.config.base_url], timeout=10) as client:
+                listed = (await client.get(url, headers=self._auth_headers())).json()["data"]
+            served = [str(model["id"]) for model in listed]
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            return
+        if served and self.config.model_name not in served:
+            raise ModelNotServed(f"the inference server at {self.config.base_url} serves {', '.join(served)}, not "
+                                 f"{self.config.model_name!r}: pass --openai.model_name {served[0]}")
 
     async def _wait_until_healthy(self) -> None:
         deadline = time.monotonic() + self.config.timeout

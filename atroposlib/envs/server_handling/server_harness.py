@@ -99,7 +99,13 @@ class ServerHarness:
         return self._lookup(self.response_map, prompt, "completion")
 
     async def tokens_and_logprobs_completion(self, **kwargs: Any) -> Any:
-        return self._lookup(self.tokens_and_logprobs_map, str(kwargs.get("prompt", "")), "tokens-and-logprobs")
+        prompt = str(kwargs.get("prompt", ""))
+        if prompt not in self.tokens_and_logprobs_map and self.default_response is not None and self.tokenizer:
+            # the default text as token ids, each with logprob -1 (a stand-in: never train on it)
+            answer = list(self.tokenizer.encode(self.default_response, add_special_tokens=False))
+            n = int(kwargs.get("n") or 1)
+            return list(kwargs.get("input_ids") or []), [answer] * n, [[-1.0] * len(answer)] * n, ["stop"] * n
+        return self._lookup(self.tokens_and_logprobs_map, prompt, "tokens-and-logprobs")
 
     async def get_logprobs(self, **kwargs: Any) -> Any:
         if not self.logprobs_map:

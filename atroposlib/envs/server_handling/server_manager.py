@@ -194,6 +194,8 @@ class ServerManager:
                     proxied.reset()
             return
         server = self.server_at(base_url) if base_url is not None else self.pick_server(training=True)
+        if isinstance(server, ServerHarness) and server.tokenizer is None:  # --testing: it answers in tokens too
+            server.tokenizer = tokenizer
         if type(server) is OpenAIServer:  # plain OpenAI routes return no token ids
             if os.environ.get("ATROPOS_ALLOW_DUMMY_MANAGED_SERVER", "").lower() not in ("1", "true", "yes"):
                 raise ManagedServerUnsupported(

@@ -49,10 +49,18 @@ class VLLMServer(OpenAIServer):
 
     def __init__(self, config: APIServerConfig, reasoning_config: Optional[ReasoningConfig] = None) -> None:
         super().__init__(config, reasoning_config)
-        name = config.model_name if config.tokenizer_name == "none" else config.tokenizer_name
-        self.tokenizer = load_tokenizer(name, flag=TOKENIZER_FLAG)
+        self.tokenizer_name = config.model_name if config.tokenizer_name == "none" else config.tokenizer_name
+        self._tokenizer: Any = None
         self.http = httpx.AsyncClient(timeout=config.timeout)
         self.has_generate_route = True
+
+    @property
+    def tokenizer(self) -> Any:
+        """The tokenizer of prompts sent as text, loaded when first needed: `managed_server()`
+        sends token ids of its own, so an environment that uses it never loads this one."""
+        if self._tokenizer is None:
+            self._tokenizer = load_tokenizer(self.tokenizer_name, flag=TOKENIZER_FLAG)
+        return self._tokenizer
 
     def _prompt_ids(self, kwargs: dict[str, Any], dedupe_bos: bool = True) -> list[int]:
         if kwargs.get("input_ids") is not None:
