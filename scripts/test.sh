@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 step() { echo "test.sh [$1/7] $2" >&2; }
-step 1 "installing atroposlib with its dev, example_trainer, rewardfns, examples, quickstart, verifiers and games extras into .venv"
+step 1 "installing atroposlib with its dev, example-trainer, rewardfns, examples, quickstart, verifiers and games extras into .venv"
 EXTRAS=dev,example-trainer,rewardfns,examples,quickstart,verifiers bash scripts/setup.sh
 # TextWorld builds jericho from source (a C compiler); without it the TextWorld test skips.
 .venv/bin/python -m pip install -q -e ".[games]" >/dev/null 2>&1 \
