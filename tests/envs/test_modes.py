@@ -117,16 +117,23 @@ def test_serve_feeds_the_trainer_and_disconnects(tokenizer_dir: Path, inference_
         assert httpx.get(api.url + "/envs").json()["envs"][0]["connected"] is False
 
 
-def test_no_group_is_lost_when_the_api_dies(tokenizer_dir: Path, inference_url: str, tmp_path: Path) -> None:
-    state, sent = tmp_path / "state", tmp_path / "sent.jsonl"
+def _serving_until_groups_are_queued(state: Path, tokenizer_dir: Path, inference_url: str, tmp_path: Path,
+                                     sent: Path) -> tuple[ApiProcess, subprocess.Popen]:
+    """A durable run-api with a trainer registered and `serve` feeding it, once 2 groups are queued."""
     api = ApiProcess(state).start()
     httpx.post(api.url + "/register", json=registration(8)).raise_for_status()
     httpx.get(api.url + "/batch")
     env = _start_serving(api.url, tokenizer_dir, inference_url, tmp_path, sent)
+    deadline = time.monotonic() + 60
+    while httpx.get(api.url + "/status").json()["queue_size"] < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return api, env
+
+
+def test_no_group_is_lost_when_the_api_dies(tokenizer_dir: Path, inference_url: str, tmp_path: Path) -> None:
+    state, sent = tmp_path / "state", tmp_path / "sent.jsonl"
+    api, env = _serving_until_groups_are_queued(state, tokenizer_dir, inference_url, tmp_path, sent)
     try:
-        deadline = time.monotonic() + 60
-        while httpx.get(api.url + "/status").json()["queue_size"] < 2 and time.monotonic() < deadline:
-            time.sleep(0.2)
         api.kill9()
         time.sleep(3)  # the env keeps producing and spools what it cannot send
         api = ApiProcess(state, port=api.port).start()
@@ -148,14 +155,8 @@ def test_no_group_is_lost_when_the_api_dies(tokenizer_dir: Path, inference_url: 
 def test_an_env_waits_for_a_trainer_when_the_api_comes_back_fresh(tokenizer_dir: Path, inference_url: str,
                                                                  tmp_path: Path) -> None:
     state, sent = tmp_path / "state", tmp_path / "sent.jsonl"
-    api = ApiProcess(state).start()
-    httpx.post(api.url + "/register", json=registration(8)).raise_for_status()
-    httpx.get(api.url + "/batch")
-    env = _start_serving(api.url, tokenizer_dir, inference_url, tmp_path, sent)
+    api, env = _serving_until_groups_are_queued(state, tokenizer_dir, inference_url, tmp_path, sent)
     try:
-        deadline = time.monotonic() + 60
-        while httpx.get(api.url + "/status").json()["queue_size"] < 2 and time.monotonic() < deadline:
-            time.sleep(0.2)
         api.kill9()
         api = ApiProcess(state, "--fresh", port=api.port).start()  # no run, no trainer
         time.sleep(4)
