@@ -122,6 +122,8 @@ def stored_run(path: Path, args: argparse.Namespace, seed: int, cpu: str) -> Opt
         return None
     run = json.loads(path.read_text())
     wanted = {name: getattr(args, name) for name in SHARED} | {"seed": seed}
+    if "trainer_flag" in run["settings"]:  # this project's runs: its own knobs must match too
+        wanted |= {"sync_every": args.ours_sync_every, "trainer_flag": args.ours_trainer_flag}
     differing = {name: run["settings"].get(name) for name, value in wanted.items()
                  if run["settings"].get(name) != value}
     if run["cpu"] != cpu or differing:

@@ -49,6 +49,16 @@ def test_a_stored_run_is_reused_only_with_the_same_settings_seed_and_cpu(tmp_pat
     assert stored_run(tmp_path / "missing.json", race_args(), 1, "Xeon") is None
 
 
+def test_a_stored_run_of_this_project_is_reused_only_with_the_same_trainer_flags(tmp_path: Path) -> None:
+    path = run_file(tmp_path, "ours-keep", 0)
+    stored = run("ours-keep", 0, [(0, 0, 0.4)])
+    stored["settings"] |= {"sync_every": 1, "trainer_flag": []}
+    path.write_text(json.dumps(stored))
+    assert stored_run(path, race_args(), 0, "Xeon") is not None
+    assert stored_run(path, race_args(ours_trainer_flag=["--max-prefetch-batches=1"]), 0, "Xeon") is None
+    assert stored_run(path, race_args(ours_sync_every=2), 0, "Xeon") is None
+
+
 def test_the_curve_is_the_mean_and_spread_over_seeds_at_each_evaluated_step() -> None:
     runs = [run("trl", 0, [(0, 0, 0.4), (5, 100, 0.6), (10, 200, 0.8)]),
             run("trl", 1, [(0, 0, 0.5), (5, 120, 0.7), (10, 220, 0.9)])]
