@@ -85,3 +85,36 @@ def test_the_wal_stays_bounded_under_steady_writes(tmp_path: Path) -> None:
         checkpointer.close()
         db.close()
     assert largest < 16 * MiB
+
+
+class SlowCheckpoints:
+    """The checkpoint thread's connection, each statement delayed: a thread starved of CPU."""
+
+    def __init__(self, db: sqlite3.Connection, delay: float) -> None:
+        self.db, self.delay = db, delay
+
+    def execute(self, sql: str) -> sqlite3.Cursor:
+        time.sleep(self.delay)
+        return self.db.execute(sql)
+
+    def close(self) -> None:
+        self.db.close()
+
+
+def test_a_writer_waits_for_checkpoints_that_fall_behind_so_the_wal_stays_bounded(tmp_path: Path) -> None:
+    path = tmp_path / "state.sqlite3"
+    db = wal_database(path)
+    checkpointer = WalCheckpointer(str(path), "NORMAL", every_bytes=MiB, restart_bytes=4 * MiB)
+    checkpointer._db = SlowCheckpoints(checkpointer._db, delay=0.3)  # type: ignore[assignment]
+    wal = Path(str(path) + "-wal")
+    largest = 0
+    try:
+        for _ in range(120):  # 30 MiB, far faster than the checkpoints run
+            db.execute("INSERT INTO blobs VALUES (?)", (os.urandom(256 * 1024),))
+            checkpointer.wrote(256 * 1024)
+            largest = max(largest, wal.stat().st_size)
+    finally:
+        checkpointer.close()
+        db.close()
+    assert largest < 12 * MiB
+
