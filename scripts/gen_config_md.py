@@ -92,12 +92,21 @@ SCRIPT_BLOCKS: dict[str, tuple[str, ...]] = {
     "view-run": ("viewers",),
     "view-run-multimodal": ("viewers",),
     "inference-node-wandb-watcher": ("inference-node-wandb-watcher",),
+    "atropos-check-env": ("atropos-check-env",),
 }
 
 
 def console_parsers() -> dict[str, argparse.ArgumentParser]:
     """Every command line documented here, by tool (sub-commands as ``tool command``)."""
-    from atroposlib.cli import dpo, inference_node_wandb_watcher, run_api, sft, view_run, view_run_multimodal
+    from atroposlib.cli import (
+        check_env,
+        dpo,
+        inference_node_wandb_watcher,
+        run_api,
+        sft,
+        view_run,
+        view_run_multimodal,
+    )
     from atroposlib.envs.server_handling import managed_server_proxy
     from atroposlib.frontend import jsonl2html
     from atroposlib.local import prepare_model, quickstart, vllm_service
@@ -114,6 +123,7 @@ def console_parsers() -> dict[str, argparse.ArgumentParser]:
         "view-run": view_run.build_parser(),
         "view-run-multimodal": view_run_multimodal.build_parser(),
         "inference-node-wandb-watcher": inference_node_wandb_watcher.build_parser(),
+        "atropos-check-env": check_env.build_parser(),
         "atropos-quickstart": quickstart.build_parser(),
         **{f"atropos-vllm {name}": parser for name, parser in commands.items()},
         "atropos-prepare-model": prepare_model.build_parser(),
@@ -254,6 +264,7 @@ BLOCKS: dict[str, Callable[[Blocks], str]] = {
     "dataset-tools": lambda b: b.merged_table({"sft": "atropos-sft-gen", "dpo": "atropos-dpo-gen"}),
     "viewers": lambda b: b.merged_table({"view-run": "view-run", "multimodal": "view-run-multimodal"}),
     "inference-node-wandb-watcher": lambda b: b.tool_table("inference-node-wandb-watcher"),
+    "atropos-check-env": lambda b: b.tool_table("atropos-check-env"),
     "atropos-quickstart": lambda b: b.tool_table("atropos-quickstart"),
     "atropos-vllm-install": lambda b: b.tool_table("atropos-vllm install"),
     "atropos-vllm-serve": lambda b: b.tool_table("atropos-vllm serve"),

@@ -75,6 +75,8 @@ class BaseEnv(ABC):
     name: Optional[str] = None
     env_config_cls: type[BaseEnvConfig] = BaseEnvConfig
     server_cls: type[APIServer] = APIServer
+    # The (lowest, highest) score this env gives, when it declares one: ``check`` holds scores to it.
+    score_range: Optional[tuple[float, float]] = None
 
     def __init__(
         self,
@@ -427,7 +429,7 @@ class BaseEnv(ABC):
 
     @classmethod
     def cli(cls) -> None:
-        """Run ``python my_env.py {serve,process,evaluate} [flags]``."""
+        """Run ``python my_env.py {serve,process,evaluate,check} [flags]``."""
         from atroposlib.envs.runner import main
 
         main(cls)

@@ -1,9 +1,9 @@
-"""The environment command line: ``python my_env.py {serve,process,evaluate} [flags]``.
+"""The environment command line: ``python my_env.py {serve,process,evaluate,check} [flags]``.
 
 Flags: ``--env.<field>`` for every field of the env's config class, ``--openai.<field>``
 for every field of `APIServerConfig`, ``--slurm``, ``--testing``, ``--max_n_completions``,
 ``--proxy_url``, ``--config FILE.yaml`` and ``--strict-config`` (unknown YAML keys are
-errors instead of warnings). Precedence: flags > YAML > ``config_init()``.
+errors instead of warnings); in ``check`` mode also ``--groups N``. Precedence: flags > YAML > ``config_init()``.
 Values: ``--k v`` or ``--k=v`` (negative numbers included), a bare boolean flag means
 true, ``None`` means null. argv is parsed once; unknown flags are errors with a
 suggestion.
@@ -34,12 +34,14 @@ from atroposlib.utils.cli import TRUE_WORDS, Flag, parse_flags
 
 log = logging.getLogger("atroposlib.envs")
 
-MODES = ("serve", "process", "evaluate")
+MODES = ("serve", "process", "evaluate", "check")
 MANAGER_FLAGS = ("slurm", "testing", "max_n_completions", "proxy_url")
 MODE_DEFAULTS: dict[str, dict[str, Any]] = {
     "process": {"ensure_scores_are_not_same": False, "include_messages": True, "use_wandb": True},
     "evaluate": {"use_wandb": True},
+    "check": {"use_wandb": False, "data_path_to_save_groups": None},
 }
+CHECK_GROUPS = Flag("groups", int, 4, "check: groups to collect and check.")
 # Mode defaults that give way to a value config_init sets explicitly.
 CONFIG_INIT_WINS = frozenset({"use_wandb"})
 
@@ -55,6 +57,8 @@ class RunSettings:
     yaml_path: Optional[Path] = None
     openai_flags: dict[str, Any] = field(default_factory=dict)
     teacher_configs: Optional[ServerConfigs] = None
+    server_named: bool = False  # a base URL came from a flag or the YAML (check mode: no stand-in)
+    check_groups: int = CHECK_GROUPS.default
 
 
 def _model_flags(prefix: str, model: type[BaseModel]) -> dict[str, Flag]:
@@ -126,7 +130,9 @@ def modes_text(prog: str) -> str:
     return (f"usage: {prog} {{{','.join(MODES)}}} [flags]\n\n"
             "  serve      send scored groups to the trajectory API (run-api) for a trainer\n"
             "  process    write scored groups to JSONL and HTML, no API or trainer needed\n"
-            "  evaluate   run the environment's evaluate()\n\n"
+            "  evaluate   run the environment's evaluate()\n"
+            "  check      run setup, a few groups and evaluate against a stand-in server and check the\n"
+            "             contract (group size, masks, logprobs, scores, messages, config); exit 0 if all pass\n\n"
             f"`{prog} MODE --help` lists every flag with the value this environment uses.")
 
 
@@ -185,6 +191,8 @@ def resolve_settings(env_cls: Any, argv: Sequence[str]) -> RunSettings:
     env_config_cls = type(default_env)
     teacher_namespace = getattr(env_cls, "teacher_namespace", None)
     flags = available_flags(env_config_cls, teacher_namespace)
+    if mode == "check":
+        flags[CHECK_GROUPS.name] = CHECK_GROUPS
     if "--help" in argv[1:] or "-h" in argv[1:]:
         print(help_text(Path(sys.argv[0]).name, mode, flags, _help_defaults(env_cls, mode, default_env, default_servers)))
         raise SystemExit(0)
@@ -214,7 +222,23 @@ def resolve_settings(env_cls: Any, argv: Sequence[str]) -> RunSettings:
         raise ConfigError(f"invalid server manager settings: {exc}") from None
     teacher = _resolve_teacher(env_cls, teacher_namespace, values, document)
     return RunSettings(mode, env_config, servers, manager, Path(values["config"]) if values.get("config") else None,
-                       cli_openai, teacher)
+                       cli_openai, teacher, _names_a_server(cli_openai, yaml_openai), _check_groups(values))
+
+
+def _names_a_server(cli_openai: dict[str, Any], yaml_openai: Any) -> bool:
+    entries = yaml_openai if isinstance(yaml_openai, list) else [yaml_openai]
+    return bool(cli_openai.get("base_url")) or any(isinstance(e, dict) and e.get("base_url") for e in entries)
+
+
+def _check_groups(values: dict[str, Any]) -> int:
+    raw = values.get(CHECK_GROUPS.name, CHECK_GROUPS.default)
+    try:
+        groups = int(raw)
+    except (TypeError, ValueError):
+        raise ConfigError(f"--groups takes a whole number, not {raw!r}") from None
+    if groups < 1:
+        raise ConfigError("--groups must be at least 1")
+    return groups
 
 
 def _resolve_teacher(env_cls: Any, namespace: Optional[str], values: dict[str, Any], document: dict[str, Any]) -> Optional[ServerConfigs]:

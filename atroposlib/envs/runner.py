@@ -1,4 +1,5 @@
-"""Running an environment class from the command line (what ``MyEnv.cli()`` does)."""
+"""Running an environment class from the command line (what ``MyEnv.cli()`` does); check mode
+is `atroposlib.envs.check`."""
 
 from __future__ import annotations
 
@@ -92,6 +93,8 @@ def _build_and_run(env_cls: Any, argv: Sequence[str], prog: str) -> None:
     except (ConfigError, FileNotFoundError, yaml.YAMLError) as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+    if settings.mode == "check":
+        _check(env_cls, settings, prog)
     print(describe(settings))
     if settings.mode != "serve":
         _warn_about_local_servers(settings)
@@ -108,6 +111,17 @@ def _build_and_run(env_cls: Any, argv: Sequence[str], prog: str) -> None:
                   "start one or pass --openai.base_url", file=sys.stderr)
             raise SystemExit(1)
     _run_mode(env, settings)
+
+
+def _check(env_cls: Any, settings: RunSettings, prog: str) -> None:
+    from atroposlib.envs.check import check
+
+    try:
+        status = check(env_cls, settings)
+    except SlurmDiscoveryError as exc:
+        print(f"{prog}: --slurm: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    raise SystemExit(status)
 
 
 def main(env_cls: Any, argv: Optional[Sequence[str]] = None) -> None:

@@ -61,14 +61,19 @@ def spool_folder(env: Any) -> Path:
     return Path(platformdirs.user_cache_dir("atroposlib")) / "spool" / str(env.config.wandb_name)
 
 
-async def register(env: Any) -> dict[str, Any]:
-    """Register (or re-register) this env; sets `env.env_id` and returns the answer."""
+def registration_payload(env: Any) -> dict[str, Any]:
+    """The body of this env's ``/register-env`` (`atroposlib.wire.RegisterEnv`)."""
     config = env.config
-    registration = await env.api.register_env({
+    return {
         "max_token_length": config.max_token_length, "desired_name": config.wandb_name,
         "weight": config.inference_weight, "min_batch_allocation": config.min_batch_allocation,
         "group_size": config.group_size, "env_key": env_key(env),
-    })
+    }
+
+
+async def register(env: Any) -> dict[str, Any]:
+    """Register (or re-register) this env; sets `env.env_id` and returns the answer."""
+    registration = await env.api.register_env(registration_payload(env))
     env.env_id = registration["env_id"]
     return registration
 
