@@ -45,6 +45,9 @@ class ArithmeticEnv(BaseEnv):
         found = re.findall(r"\\boxed\{(-?\d+)\}", text)
         return 1.0 if found and int(found[-1]) == answer else -1.0
 
+    async def rescore_group(self, group, item) -> list[float]:
+        return [self.score(reply, item["answer"]) for reply in self.completions(group)]
+
     async def collect_trajectories(self, item) -> tuple[Optional[ScoredDataGroup], list]:
         messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": item["question"]}]
         completion = await self.server.chat_completion(

@@ -141,27 +141,36 @@ class GSM8kEnv(BaseEnv):
         for rollout in rollouts:
             if not _usable(rollout):
                 continue
-            correct = answer_is_correct(rollout["messages"][-1]["content"], gold)
             group["tokens"].append(rollout["tokens"])
             group["masks"].append(rollout["masks"])
             group["inference_logprobs"].append(rollout["logprobs"])
             group["messages"].append(rollout["messages"])
-            group["scores"].append(1.0 if correct else -1.0)
+            group["scores"].append(self.correctness(rollout["messages"][-1]["content"], gold))
             if len(group["tokens"]) >= self.config.group_size:
                 break
         if not group["tokens"]:
             return None
         self.percent_correct_buffer.extend(score > 0 for score in group["scores"])
-        if all(score == 1.0 for score in group["scores"]):
-            self._apply_length_penalty(group)
+        group["scores"] = self.with_length_penalty(group["scores"], group["tokens"])
         if self.config.ensure_scores_are_not_same and len(set(group["scores"])) == 1:
             return None
         return group
 
-    def _apply_length_penalty(self, group: ScoredDataGroup) -> None:
+    @staticmethod
+    def correctness(reply: str, gold: str) -> float:
+        """1.0 when `reply` states the gold answer after its thinking, else -1.0."""
+        return 1.0 if answer_is_correct(reply, gold) else -1.0
+
+    def with_length_penalty(self, scores: list[float], tokens: list[list[int]]) -> list[float]:
         """All correct: keep 1.0 up to half the token budget, then fall linearly to 0."""
-        group["scores"] = [length_scaled_score(score, len(tokens), self.config.max_token_length, 0.5)
-                           for score, tokens in zip(group["scores"], group["tokens"])]
+        if not all(score == 1.0 for score in scores):
+            return scores
+        return [length_scaled_score(score, len(ids), self.config.max_token_length, 0.5)
+                for score, ids in zip(scores, tokens)]
+
+    async def rescore_group(self, group, item) -> list[float]:
+        scores = [self.correctness(reply, item["answer"]) for reply in self.completions(group)]
+        return self.with_length_penalty(scores, group["tokens"])
 
     async def rollout_and_score_eval(self, problem: dict) -> dict:
         completion = await self.server.chat_completion(

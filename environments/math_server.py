@@ -161,6 +161,8 @@ def _trainable(masks: List[int]) -> int:
 
 class MathEnv(BaseEnv):
     name = "math"
+    cannot_rescore = ("its judge, RLAIF and self-correction groups are scored by the model itself (inference), "
+                      "and a group answered all right gets its length penalty at random")
     env_config_cls = RSConfig
 
     def __init__(self, config: RSConfig, server_configs: List[APIServerConfig], slurm=True, testing=False):

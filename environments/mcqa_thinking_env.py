@@ -169,24 +169,34 @@ class MCQAThinkingEnv(BaseEnv):
         return await self.score(rollouts, item), []
 
     async def score(self, rollouts: List[Tuple[List[Dict], str]], item) -> Optional[ScoredDataGroup]:
-        group = ScoredDataGroup(tokens=[], masks=[], scores=[], messages=[])
+        group = ScoredDataGroup(tokens=[], masks=[], scores=[], messages=[], rescore_facts=[])
         random.shuffle(rollouts)
         for messages, finish_reason in rollouts:
-            correct = finish_reason != "length" and extract_mcqa_answer(
-                messages[-1]["content"], item["answer_text"], item["letter"]) == item["letter"]
             tokenized = tokenize_for_trainer(self.tokenizer, messages, finish_reason=finish_reason or "")
             if sum(1 for label in tokenized["masks"] if label != -100) < MIN_TRAINABLE_TOKENS:
                 continue
             group["tokens"].append(tokenized["tokens"])
             group["masks"].append(tokenized["masks"])
             group["messages"].append(messages)
-            group["scores"].append(1.0 if correct else -1.0)
+            group["scores"].append(self.correctness(messages[-1]["content"], finish_reason, item))
+            group["rescore_facts"].append({"finish_reason": finish_reason})
             if len(group["tokens"]) >= self.config.group_size:
                 break
         self.percent_correct_buffer.extend(max(score, 0.0) for score in group["scores"])
         if not group["scores"] or len(set(group["scores"])) == 1:
             return None
         return group
+
+    @staticmethod
+    def correctness(reply: str, finish_reason: Optional[str], item) -> float:
+        """1.0 for the item's letter in a reply that was not cut off, else -1.0."""
+        right = finish_reason != "length" and extract_mcqa_answer(
+            reply, item["answer_text"], item["letter"]) == item["letter"]
+        return 1.0 if right else -1.0
+
+    async def rescore_group(self, group, item) -> List[float]:
+        return [self.correctness(reply, finish_reason, item)
+                for reply, finish_reason in zip(self.completions(group), self.saved_facts(group, "finish_reason"))]
 
     async def rollout_and_score_eval(self, row: Dict) -> dict:
         messages = self._messages(row)

@@ -114,6 +114,7 @@ class RLAIFConfig(BaseEnvConfig):
 
 class RLAIFEnv(BaseEnv):
     env_config_cls = RLAIFConfig
+    cannot_rescore = "its score is a judge model's preference between two rollouts (inference)"
 
     def __init__(self, config: RLAIFConfig, server_configs: List[APIServerConfig], slurm=True, testing=False):
         super().__init__(config, server_configs, slurm, testing)

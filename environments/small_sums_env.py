@@ -66,11 +66,19 @@ class SmallSumsEnv(BaseEnv):
             group["tokens"].append(node.tokens)
             group["masks"].append(node.masked_tokens)
             group["inference_logprobs"].append(node.logprobs)
-            group["scores"].append(score(choice.message.content, item["a"] + item["b"]))
+            group["scores"].append(self.score_reply(choice.message.content, item))
             group["messages"].append(messages(item["a"], item["b"]) + [{"role": "assistant",
                                                                          "content": choice.message.content}])
         self.percent_correct.extend(s > 0 for s in group["scores"])
         return group, []
+
+    @staticmethod
+    def score_reply(reply: str, item: dict) -> float:
+        """A rollout's score: 1.0 when the last number of `reply` is the item's sum."""
+        return score(reply, item["a"] + item["b"])
+
+    async def rescore_group(self, group, item) -> list[float]:
+        return [self.score_reply(reply, item) for reply in self.completions(group)]
 
     async def evaluate(self, *args, **kwargs):
         async def answers(index: int, a: int, b: int):

@@ -191,6 +191,14 @@ class TextReversalEnv(BaseEnv):
         blocks = re.findall(r"<reversed_text>\s*(.*?)\s*</reversed_text>", response, re.DOTALL)
         return blocks[0].strip() if len(blocks) == 1 else None
 
+    @staticmethod
+    def reward(extracted: Optional[str], expected: str) -> float:
+        """1.0 for exactly the reversed text, else 0.0."""
+        return 1.0 if extracted == expected else 0.0
+
+    async def rescore_group(self, group, item) -> list[float]:
+        return [self.reward(self.extract_reversed_text(reply), item["expected"]) for reply in self.completions(group)]
+
     def _debug(self, context: str, messages: List[Dict], choices=None) -> None:
         if not self.config.full_debug:
             return
@@ -235,7 +243,7 @@ class TextReversalEnv(BaseEnv):
         random.shuffle(rollouts)
         for messages, finish_reason in rollouts:
             extracted = self.extract_reversed_text(messages[-1]["content"])
-            reward = 1.0 if extracted == expected else 0.0
+            reward = self.reward(extracted, expected)
             self.total_attempts += 1
             if reward:
                 self.successful_reversals += 1

@@ -31,6 +31,7 @@ import yaml
 from pydantic import ValidationError
 
 from atroposlib.envs import accept, check_rules
+from atroposlib.envs.base import RESCORE_FACTS_FIELD
 from atroposlib.envs.check_rules import Check, Collected
 from atroposlib.envs.cli import ConfigError, RunSettings, describe, resolve_settings
 from atroposlib.envs.sampling_stamp import stamp_group
@@ -135,6 +136,7 @@ def _log_prompts(env: Any, prompts: list[list[int]]) -> None:
 def _as_sent(group: dict[str, Any], record: Any, env: Any) -> dict[str, Any]:
     """`group` as serve would send it: stamped and completed (on a copy)."""
     sent = copy.deepcopy(group)
+    sent.pop(RESCORE_FACTS_FIELD, None)  # saved in the JSONL only, never sent
     if sent.get("group_overrides") is None and "group_overrides" in sent:
         sent["group_overrides"] = {}
     stamp_group(sent, record)

@@ -1,9 +1,10 @@
-"""The environment command line: ``python my_env.py {serve,process,evaluate,check} [flags]``.
+"""The environment command line: ``python my_env.py {serve,process,evaluate,check,rescore} [flags]``.
 
 Flags: ``--env.<field>`` for every field of the env's config class, ``--openai.<field>``
 for every field of `APIServerConfig`, ``--slurm``, ``--testing``, ``--max_n_completions``,
 ``--proxy_url``, ``--config FILE.yaml`` and ``--strict-config`` (unknown YAML keys are
-errors instead of warnings); in ``check`` mode also ``--groups N``. Precedence: flags > YAML > ``config_init()``.
+errors instead of warnings); in ``check`` mode also ``--groups N``; in ``rescore`` mode
+``--input``, ``--output`` and ``--html``. Precedence: flags > YAML > ``config_init()``.
 Values: ``--k v`` or ``--k=v`` (negative numbers included), a bare boolean flag means
 true, ``None`` means null. argv is parsed once; unknown flags are errors with a
 suggestion.
@@ -34,14 +35,22 @@ from atroposlib.utils.cli import TRUE_WORDS, Flag, parse_flags
 
 log = logging.getLogger("atroposlib.envs")
 
-MODES = ("serve", "process", "evaluate", "check")
+MODES = ("serve", "process", "evaluate", "check", "rescore")
 MANAGER_FLAGS = ("slurm", "testing", "max_n_completions", "proxy_url")
 MODE_DEFAULTS: dict[str, dict[str, Any]] = {
     "process": {"ensure_scores_are_not_same": False, "include_messages": True, "use_wandb": True},
     "evaluate": {"use_wandb": True},
     "check": {"use_wandb": False, "data_path_to_save_groups": None},
+    "rescore": {"use_wandb": False, "data_path_to_save_groups": None},
 }
 CHECK_GROUPS = Flag("groups", int, 4, "check: groups to collect and check.")
+RESCORE_FLAGS = (
+    Flag("input", str, None, "rescore: JSONL of saved groups (process's file, or serve's data_path_to_save_groups)."),
+    Flag("output", str, None, "rescore: JSONL to write, the groups with their new scores "
+         "(default: INPUT_rescored.jsonl)."),
+    Flag("html", str, None, "rescore: page of the changed rollouts, old and new score side by side "
+         "(default: OUTPUT with .html)."),
+)
 # Mode defaults that give way to a value config_init sets explicitly.
 CONFIG_INIT_WINS = frozenset({"use_wandb"})
 
@@ -59,6 +68,7 @@ class RunSettings:
     teacher_configs: Optional[ServerConfigs] = None
     server_named: bool = False  # a base URL came from a flag or the YAML (check mode: no stand-in)
     check_groups: int = CHECK_GROUPS.default
+    rescore_files: dict[str, Optional[str]] = field(default_factory=dict)  # rescore: input, output, html
 
 
 def _model_flags(prefix: str, model: type[BaseModel]) -> dict[str, Flag]:
@@ -132,7 +142,9 @@ def modes_text(prog: str) -> str:
             "  process    write scored groups to JSONL and HTML, no API or trainer needed\n"
             "  evaluate   run the environment's evaluate()\n"
             "  check      run setup, a few groups and evaluate against a stand-in server and check the\n"
-            "             contract (group size, masks, logprobs, scores, messages, config); exit 0 if all pass\n\n"
+            "             contract (group size, masks, logprobs, scores, messages, config); exit 0 if all pass\n"
+            "  rescore    score saved groups (--input FILE.jsonl) again with the scoring as it is now, no\n"
+            "             inference; writes --output and a page of the changed rollouts, reports what changed\n\n"
             f"`{prog} MODE --help` lists every flag with the value this environment uses.")
 
 
@@ -193,6 +205,8 @@ def resolve_settings(env_cls: Any, argv: Sequence[str]) -> RunSettings:
     flags = available_flags(env_config_cls, teacher_namespace)
     if mode == "check":
         flags[CHECK_GROUPS.name] = CHECK_GROUPS
+    if mode == "rescore":
+        flags.update({flag.name: flag for flag in RESCORE_FLAGS})
     if "--help" in argv[1:] or "-h" in argv[1:]:
         print(help_text(Path(sys.argv[0]).name, mode, flags, _help_defaults(env_cls, mode, default_env, default_servers)))
         raise SystemExit(0)
@@ -222,7 +236,8 @@ def resolve_settings(env_cls: Any, argv: Sequence[str]) -> RunSettings:
         raise ConfigError(f"invalid server manager settings: {exc}") from None
     teacher = _resolve_teacher(env_cls, teacher_namespace, values, document)
     return RunSettings(mode, env_config, servers, manager, Path(values["config"]) if values.get("config") else None,
-                       cli_openai, teacher, _names_a_server(cli_openai, yaml_openai), _check_groups(values))
+                       cli_openai, teacher, _names_a_server(cli_openai, yaml_openai), _check_groups(values),
+                       {flag.name: values.get(flag.name) for flag in RESCORE_FLAGS} if mode == "rescore" else {})
 
 
 def _names_a_server(cli_openai: dict[str, Any], yaml_openai: Any) -> bool:

@@ -1,5 +1,5 @@
 """Running an environment class from the command line (what ``MyEnv.cli()`` does); check mode
-is `atroposlib.envs.check`."""
+is `atroposlib.envs.check`, rescore mode `atroposlib.envs.rescore`."""
 
 from __future__ import annotations
 
@@ -28,14 +28,22 @@ LOG_LEVEL_VARIABLE = "ATROPOS_LOG_LEVEL"
 CHATTY_LOGGERS = ("httpx", "httpx2", "httpcore", "httpcore2")
 
 
-def build_env(env_cls: Any, settings: RunSettings) -> Any:
+def build_env(env_cls: Any, settings: RunSettings, tokenizer_on_demand: bool = False) -> Any:
+    """The environment of `settings`; with `tokenizer_on_demand`, a tokenizer not on this
+    machine is loaded (downloaded) only if something uses it (rescore mode may not)."""
     env_cls._manager_settings = settings.manager
     if settings.teacher_configs is not None:  # picked up by TeacherDistillationEnv.__init__
         env_cls._teacher_server_configs = settings.teacher_configs
-    return env_cls(
-        config=settings.env_config, server_configs=settings.server_configs,
-        slurm=settings.manager.slurm, testing=settings.manager.testing,
-    )
+    if tokenizer_on_demand:
+        env_cls._tokenizer_on_demand = True
+    try:
+        return env_cls(
+            config=settings.env_config, server_configs=settings.server_configs,
+            slurm=settings.manager.slurm, testing=settings.manager.testing,
+        )
+    finally:
+        if tokenizer_on_demand:
+            del env_cls._tokenizer_on_demand
 
 
 async def evaluate_only(env: Any, settings: RunSettings) -> None:
@@ -95,6 +103,10 @@ def _build_and_run(env_cls: Any, argv: Sequence[str], prog: str) -> None:
         raise SystemExit(2) from None
     if settings.mode == "check":
         _check(env_cls, settings, prog)
+    if settings.mode == "rescore":
+        from atroposlib.envs.rescore import rescore
+
+        raise SystemExit(rescore(env_cls, settings, prog))
     print(describe(settings))
     if settings.mode != "serve":
         _warn_about_local_servers(settings)

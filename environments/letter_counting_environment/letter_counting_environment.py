@@ -530,6 +530,22 @@ class LetterCountingEnv(BaseEnv):
             self.letter_distribution_stats[letter] = self.letter_distribution_stats.get(letter, 0) + 1
         self.word_length_stats[len(text)] = self.word_length_stats.get(len(text), 0) + 1
 
+    @staticmethod
+    def correctness(reply: str, finish_reason: Optional[str], letters: list[str], counts: dict[str, int]) -> float:
+        """1.0 for exactly the expected count(s) in a reply that was not cut off, else 0.0."""
+        if finish_reason == "length":
+            return 0.0
+        return 1.0 if is_correct(extract_answer(reply, len(letters) > 1), letters, counts) else 0.0
+
+    def item_for_saving(self, item: Item) -> dict[str, Any]:
+        """What scoring needs of an item (its prompt is a frozenset, which JSON cannot hold)."""
+        _, counts, text, letters, level = item
+        return {"counts": counts, "text": text, "letters": letters, "level": level}
+
+    async def rescore_group(self, group, item) -> list[float]:
+        return [self.correctness(reply, finish_reason, item["letters"], item["counts"])
+                for reply, finish_reason in zip(self.completions(group), self.saved_facts(group, "finish_reason"))]
+
     async def score(self, rollout_group_data: list[dict[str, Any]]) -> Optional[ScoredDataGroup]:
         """Score a group, feed the curriculum, and keep it only inside the difficulty band."""
         if not rollout_group_data:
@@ -539,28 +555,25 @@ class LetterCountingEnv(BaseEnv):
         level = first.get("difficulty_level", 0)
         self._record_stats(text, letters)
         multi = len(letters) > 1
-        group = ScoredDataGroup(tokens=[], masks=[], scores=[], inference_logprobs=[], messages=[])
+        group = ScoredDataGroup(tokens=[], masks=[], scores=[], inference_logprobs=[], messages=[],
+                                rescore_facts=[])
         format_errors = think_errors = 0
         rollouts = list(rollout_group_data)
         self.rng.shuffle(rollouts)
         for rollout in rollouts:
             reply = rollout["messages"][-1]["content"]
-            if rollout["finish_reason"] == "length":
-                correct = False
-            else:
-                answer = extract_answer(reply, multi)
-                if answer is None:
-                    format_errors += 1
-                    lowered = reply.lower()
-                    think_errors += "<think>" not in lowered or "</think>" not in lowered
-                correct = is_correct(answer, letters, counts)
+            if rollout["finish_reason"] != "length" and extract_answer(reply, multi) is None:
+                format_errors += 1
+                lowered = reply.lower()
+                think_errors += "<think>" not in lowered or "</think>" not in lowered
             if sum(1 for label in rollout["masks"] if label != -100) < MIN_TRAINABLE_TOKENS:
                 continue
             group["tokens"].append(rollout["tokens"])
             group["masks"].append(rollout["masks"])
             group["inference_logprobs"].append(rollout["logprobs"])
             group["messages"].append(list(rollout["messages"]))
-            group["scores"].append(1.0 if correct else 0.0)
+            group["scores"].append(self.correctness(reply, rollout["finish_reason"], letters, counts))
+            group["rescore_facts"].append({"finish_reason": rollout["finish_reason"]})
             if len(group["tokens"]) >= self.config.group_size:
                 break
         if not group["tokens"]:
