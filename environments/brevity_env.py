@@ -50,16 +50,23 @@ class BrevityEnv(BaseEnv):
             nodes = managed.get_state()["nodes"]
         group = ScoredDataGroup(tokens=[], masks=[], scores=[], inference_logprobs=[], messages=[])
         for choice, node in zip(completion.choices, nodes):
-            completion_tokens = sum(mask != -100 for mask in node.masked_tokens)
             group["tokens"].append(node.tokens)
             group["masks"].append(node.masked_tokens)
             group["inference_logprobs"].append(node.logprobs)
             group["messages"].append(prompt + [{"role": "assistant", "content": choice.message.content}])
-            group["scores"].append(1.0 - length_overrun(completion_tokens, self.config.max_token_length, 0.0))
+            group["scores"].append(self.length_score(node.masked_tokens))
         self.mean_scores.append(sum(group["scores"]) / len(group["scores"]))
         if self.config.ensure_scores_are_not_same and len(set(group["scores"])) == 1:
             return None, []
         return group, []
+
+    def length_score(self, masks: list[int]) -> float:
+        """1.0 for an empty answer, falling linearly to 0.0 at max_token_length completion tokens."""
+        completion_tokens = sum(mask != -100 for mask in masks)
+        return 1.0 - length_overrun(completion_tokens, self.config.max_token_length, 0.0)
+
+    async def rescore_group(self, group: ScoredDataGroup, item: Item) -> list[float]:
+        return [self.length_score(masks) for masks in group["masks"]]
 
     async def score(self, question: str) -> float:
         """One greedy answer to `question`, scored."""

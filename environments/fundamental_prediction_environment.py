@@ -205,6 +205,14 @@ class FundamentalPredictionEnv(BaseEnv):
             total -= 0.5 * response_tokens / self.config.max_token_length
         return total, direction, magnitude
 
+    @staticmethod
+    def binarised(total: float) -> float:
+        """A rollout's score from its total reward: 1.0 above 0, else -1.0."""
+        return 1.0 if total > 0 else -1.0
+
+    async def rescore_group(self, group, item) -> List[float]:
+        return [self.binarised(self.reward(reply, item)[0]) for reply in self.completions(group)]
+
     async def score(self, rollouts: List[Dict], item) -> Optional[ScoredDataGroup]:
         group = ScoredDataGroup(tokens=[], masks=[], scores=[], messages=[], inference_logprobs=[])
         random.shuffle(rollouts)
@@ -216,7 +224,7 @@ class FundamentalPredictionEnv(BaseEnv):
             group["masks"].append(rollout["masks"])
             group["inference_logprobs"].append(rollout["logprobs"])
             group["messages"].append(rollout["messages"])
-            group["scores"].append(1.0 if total > 0 else -1.0)
+            group["scores"].append(self.binarised(total))
             right_direction = direction is not None and direction == item["answer"]
             self.percent_correct_buffer.append(1.0 if right_direction else 0.0)
             if right_direction:

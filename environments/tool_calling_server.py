@@ -222,6 +222,26 @@ class SingleToolCallingEnv(BaseEnv):
         used = len(self.tokenizer.encode(prompt, add_special_tokens=False))
         return max(1, min(MAX_NEW_TOKENS, self.config.max_token_length - used))
 
+    @staticmethod
+    def correctness(reply: str, expected: str) -> float:
+        """1.0 when the reply's tool calls pair up with the gold ones, else -1.0."""
+        return 1.0 if tool_calls_match(reply, expected) else -1.0
+
+    def with_length_penalty(self, scores: List[float], tokens: List[List[int]]) -> List[float]:
+        """All right: 1.0 up to half of max_token_length, then linearly down to 0.0 at max_token_length."""
+        if not all(score == 1.0 for score in scores):
+            return scores
+        return [length_scaled_score(score, len(ids), self.config.max_token_length, 0.5)
+                for score, ids in zip(scores, tokens)]
+
+    def item_for_saving(self, item: Item) -> Dict[str, str]:
+        """What scoring needs of an item (its prompt is a tuple of frozensets, which JSON cannot hold)."""
+        return {"expected": item[1]}
+
+    async def rescore_group(self, group, item) -> List[float]:
+        scores = [self.correctness(reply, item["expected"]) for reply in self.completions(group)]
+        return self.with_length_penalty(scores, group["tokens"])
+
     async def score(self, rollout_group_data) -> Optional[ScoredDataGroup]:
         if not extract_tool_calls(rollout_group_data[0][1]):
             logger.info("group left out: the row's gold answer has no usable tool call")
@@ -231,24 +251,20 @@ class SingleToolCallingEnv(BaseEnv):
         group = ScoredDataGroup(tokens=[], masks=[], scores=[], messages=[])
         for chat, expected in rollout_group_data:
             chat = [dict(message) for message in chat]
-            correct = tool_calls_match(chat[-1]["content"], expected)
             tokenized = tokenize_for_trainer(self.tokenizer, chat)
             if sum(1 for mask in tokenized["masks"] if mask != -100) < MIN_TRAINED_TOKENS:
                 continue
             group["tokens"].append(tokenized["tokens"])
             group["masks"].append(tokenized["masks"])
             group["messages"].append(chat)
-            group["scores"].append(1.0 if correct else -1.0)
+            group["scores"].append(self.correctness(chat[-1]["content"], expected))
             if len(group["tokens"]) >= self.config.group_size:
                 break
         if not group["tokens"]:
             logger.info("group left out: no answer has %d trained tokens or more", MIN_TRAINED_TOKENS)
             return None
         self.percent_correct_buffer.extend(max(score, 0.0) for score in group["scores"])
-        if all(score == 1.0 for score in group["scores"]):
-            # 1.0 up to half of max_token_length, then linearly down to 0.0 at max_token_length
-            group["scores"] = [length_scaled_score(score, len(tokens), self.config.max_token_length, 0.5)
-                               for score, tokens in zip(group["scores"], group["tokens"])]
+        group["scores"] = self.with_length_penalty(group["scores"], group["tokens"])
         if all(score == group["scores"][0] for score in group["scores"]):
             logger.info("group left out: all %d answers scored %g (%s), so it carries no learning signal",
                         len(group["scores"]), group["scores"][0],

@@ -46,6 +46,19 @@ def _letters(item: Any) -> list[str]:
             f"<answer>{right}</answer>", f"<think>counting</think><answer>{right}</answer>"]
 
 
+def _fundamentals(item: Any) -> list[str]:
+    metric, direction = item["fundamental_metric"], item["answer"]
+    other = next(d for d in ("raised", "reduced", "maintained") if d != direction)
+    say = "<think>ok</think>\nThe {} will be: {} and the magnitude will be: {}%"
+    return [say.format(metric, direction, str(item["magnitude"]).rstrip("%")), say.format(metric, other, 5),
+            say.format(metric, direction, 95), f"no thinking. The {metric} will be: {direction}"]
+
+
+def _tool_calls(item: Any) -> list[str]:
+    gold = item[1]
+    return [gold, "The answer is that you should ask someone else about it.", gold, "<tool_call>{}</tool_call>"]
+
+
 # path -> answers for an item (None: the stand-in's own, which are right and wrong ones already)
 RESCORABLE: dict[str, Callable[[Any], list[str]] | None] = {
     "small_sums_env.py": None,
@@ -54,6 +67,9 @@ RESCORABLE: dict[str, Callable[[Any], list[str]] | None] = {
     "mcqa_thinking_env.py": None,
     "text_reversal_environment.py": _reversal,
     "letter_counting_environment/letter_counting_environment.py": _letters,
+    "fundamental_prediction_environment.py": _fundamentals,
+    "tool_calling_server.py": _tool_calls,
+    "brevity_env.py": None,
 }
 # path -> the end of the one line rescore exits 1 with
 CANNOT_RESCORE: dict[str, str] = {
