@@ -44,12 +44,11 @@ MODE_DEFAULTS: dict[str, dict[str, Any]] = {
     "rescore": {"use_wandb": False, "data_path_to_save_groups": None},
 }
 CHECK_GROUPS = Flag("groups", int, 4, "check: groups to collect and check.")
-RESCORE_FLAGS = (
-    Flag("input", str, None, "rescore: JSONL of saved groups (process's file, or serve's data_path_to_save_groups)."),
-    Flag("output", str, None, "rescore: JSONL to write, the groups with their new scores "
-         "(default: INPUT_rescored.jsonl)."),
-    Flag("html", str, None, "rescore: page of the changed rollouts, old and new score side by side "
-         "(default: OUTPUT with .html)."),
+RESCORE_FLAGS = (  # defaults as shown by --help: the mode derives them (atroposlib.envs.rescore)
+    Flag("input", str, "required", "rescore: JSONL of saved groups (process's file, or serve's "
+         "data_path_to_save_groups)."),
+    Flag("output", str, "<input>_rescored.jsonl", "rescore: JSONL to write, the groups with their new scores."),
+    Flag("html", str, "<output>.html", "rescore: page of the changed rollouts, old and new score side by side."),
 )
 # Mode defaults that give way to a value config_init sets explicitly.
 CONFIG_INIT_WINS = frozenset({"use_wandb"})

@@ -259,10 +259,15 @@ def write_page(report: Report, source: Path, path: Path) -> None:
         if cells:
             scores = f"{', '.join(map(_format, row.old_scores))} &rarr; {', '.join(map(_format, row.new_scores))}"
             sections.append(f'<h2 id="line-{row.line}">Group on line {row.line} <small>{scores}</small></h2>\n'
-                            '<table class="rescored"><tr><th>rollout</th><th>before</th><th>after</th>'
-                            f'<th>rollout</th></tr>\n' + "\n".join(cells) + "</table>")
+                            '<table class="rescored"><tr><th>#</th><th>before</th><th>after</th>'
+                            '<th>the rollout</th></tr>\n' + "\n".join(cells) + "</table>")
     title = html.escape(f"Re-scored rollouts of {source.name}")
-    body = "\n".join(sections) or "<p>No score changed.</p>"
+    pairs = [(old, new) for row in report.rescored for old, new in zip(row.old_scores, row.new_scores)]
+    changed = sum(old != new for old, new in pairs)
+    summary = (f"<p>{changed} of {len(pairs)} rollouts changed score, in {len(sections)} of "
+               f"{len(report.rescored)} groups; each group below shows its scores before &rarr; after, "
+               "then its changed rollouts.</p>")
+    body = summary + "\n" + "\n".join(sections) if sections else "<p>No score changed.</p>"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(
         f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>{title}</title>\n'

@@ -163,6 +163,7 @@ def test_a_stricter_reward_changes_the_scores_and_the_report_counts_them(
                 cell = html.split(f'id="line-{number}-rollout-{index}"')[1].split("</tr>")[0]
                 assert reply in cell and "reward-positive" in cell and "reward-zero" in cell
     assert lines[-1] == f"changed rollouts side by side: {page}"
+    assert f"<p>{changed} of 24 rollouts changed score, in {groups_changed} of 6 groups;" in html
 
 
 def test_rows_without_an_item_are_counted_and_written_unchanged(saved: Path, tmp_path: Path,
@@ -280,8 +281,9 @@ def test_the_readmes_rescore_commands_print_what_its_output_block_shows(
     source = Path(words[words.index("--input") + 1])
     source.parent.mkdir(parents=True)
     with ScriptedInference(answers, AutoTokenizer.from_pretrained(str(tokenizer_dir))) as server:
-        process_groups("small_sums_env.py", tmp_path, server.url, tokenizer_dir, steps=8, group_size=4,
-                       server_type="vllm")
+        # one group at a time: the file's line order (which the report names) is the items' order
+        process_groups("small_sums_env.py", tmp_path, server.url, tokenizer_dir, "--env.process_concurrency", "1",
+                       steps=8, group_size=4, server_type="vllm")
     (tmp_path / "small_sums_env_groups.jsonl").rename(source)
     capsys.readouterr()  # what process printed
     # the edit the README describes
