@@ -2,7 +2,8 @@
 check against the built-in stand-in; environments broken on purpose (a mask off by one, a prompt
 left unmasked, a constant reward, a short group, logprobs one short or shifted, a NaN score, no
 messages, a wrong policy version, a failing evaluate or collect, a config that does not survive
-YAML, scores outside the declared range) each fail with their line and exit 1; ``atropos-check-env`` runs as the README shows it."""
+YAML, scores outside the declared range) each fail with their line and exit 1;
+``atropos-check-env`` runs as the README shows it."""
 
 from __future__ import annotations
 
