@@ -20,8 +20,8 @@ program, which reads them from the README:
 * pip-install: tests/envs/test_fresh_install.py (a fresh virtual environment).
 * minimal-env, minimal-env-run, lease-loop: tests/test_doc_examples.py.
 
-The benchmarks of blocks bench-weight-sync, bench-learning-demo, bench-trl-compare and bench-train-step take
-minutes even at one update or one step (they start vLLM and train; the last two are the README's
+The benchmarks of blocks bench-weight-sync, bench-learning-demo, bench-trl-compare, bench-trl-levers and
+bench-train-step take minutes even at one update or one step (they start vLLM and train; the last two are the README's
 learning figures, run alone on an idle machine), beyond CI's time budget: their test starts the
 script and checks that it knows every flag of the command. The real engine runs once here, for the quickstart.
 """
@@ -252,6 +252,7 @@ def test_the_gpu_smoke_passes_on_a_cpu(tmp_path: Path) -> None:
                  id="bench-learning-demo-bfloat16"),
     pytest.param("bench-precision", ".venv/bin/python bench/precision.py", id="bench-precision"),
     pytest.param("bench-trl-compare", ".venv/bin/python bench/trl_compare.py", id="bench-trl-compare"),
+    pytest.param("bench-trl-levers", ".venv/bin/python bench/trl_compare.py", id="bench-trl-levers"),
     pytest.param("bench-train-step", ".venv/bin/python bench/train_step.py", id="bench-train-step"),
 ])
 def test_the_long_benchmark_knows_every_flag_of_its_command(name: str, start: str, tmp_path: Path) -> None:
@@ -259,5 +260,5 @@ def test_the_long_benchmark_knows_every_flag_of_its_command(name: str, start: st
     done = subprocess.run([sys.executable, str(ROOT / words[1]), "--help"], cwd=ROOT, capture_output=True, text=True,
                           timeout=120, env=block_environment(tmp_path))
     assert done.returncode == 0, _failure(done)
-    for flag in (word for word in words[2:] if word.startswith("--")):
+    for flag in (word.split("=", 1)[0] for word in words[2:] if word.startswith("--")):
         assert f"{flag} " in done.stdout, f"{start} has no flag {flag}:\n{done.stdout}"
