@@ -27,6 +27,10 @@ Data: ``zwhe99/DeepMath-103K`` (train, shuffled with seed 42); evaluation on
 ``--env.train_file`` (DeepMath's ``question`` / ``final_answer`` columns) and
 ``--env.test_file`` (``problem`` or ``question``, ``answer``, optional ``subset``).
 
+``rescore`` scores saved *normal* groups again (math-verify, a cut-off rollout wrong, and an
+all-right group the cosine length penalty a kept one gets); the groups derived from them are
+scored by the model and are left as they were.
+
 Generation uses `managed_server()`, so it needs a token-level backend
 (``--openai.server_type vllm`` or ``sglang``, the latter being the default here).
 
@@ -56,6 +60,7 @@ from atroposlib.envs.base import (
     APIServerConfig,
     BaseEnv,
     BaseEnvConfig,
+    RESCORE_FACTS_FIELD,
     EvalHandlingEnum,
     ScoredDataGroup,
 )
@@ -161,8 +166,6 @@ def _trainable(masks: List[int]) -> int:
 
 class MathEnv(BaseEnv):
     name = "math"
-    cannot_rescore = ("its judge, RLAIF and self-correction groups are scored by the model itself (inference), "
-                      "and a group answered all right gets its length penalty at random")
     env_config_cls = RSConfig
 
     def __init__(self, config: RSConfig, server_configs: List[APIServerConfig], slurm=True, testing=False):
@@ -371,6 +374,7 @@ class MathEnv(BaseEnv):
             # cut-off rollouts are always marked here so that judge mining can skip them
             override = {"set_advantage_to_zero": True} if rollout["finish_reason"] == "length" else {}
             self._add(group, rollout, 1.0 if correct else -1.0, override)
+            group.setdefault(RESCORE_FACTS_FIELD, []).append({"finish_reason": rollout["finish_reason"]})
             if len(group["tokens"]) >= self.config.group_size:
                 break
         self.pass_at_groupsize.append(1.0 if 1.0 in group["scores"] else 0.0)
@@ -384,6 +388,22 @@ class MathEnv(BaseEnv):
             elif not override.get("set_advantage_to_zero"):
                 self.incorrect_answer_len.append(len(tokens))
         return group
+
+    async def rescore_group(self, group: ScoredDataGroup, item: dict) -> List[float]:
+        """A saved *normal* group scored again: math-verify against the gold answer (a cut-off
+        rollout is wrong), and, when every rollout comes out right, the cosine length penalty a
+        kept all-right group gets. The other kinds are scored by the model (inference)."""
+        if item.get("kind") != "normal":
+            raise ValueError(f"a {item.get('kind')} group is scored by the model itself (inference): left as it was")
+        finished = self.saved_facts(group, "finish_reason")
+        verdicts = [False if reason == "length" else await self._score(item["gold"], text_after_thinking(reply))
+                    for reply, reason in zip(self.completions(group), finished)]
+        if any(correct is None for correct in verdicts):
+            raise ValueError(f"the gold answer {item['gold']!r} does not parse")
+        scores = [1.0 if correct else -1.0 for correct in verdicts]
+        if all(score == 1.0 for score in scores):
+            return cosine_length_scores([len(tokens) for tokens in group["tokens"]]) or scores
+        return scores
 
     @staticmethod
     def _most_dissimilar(group: ScoredDataGroup) -> Optional[Tuple[Tuple[int, int], float]]:

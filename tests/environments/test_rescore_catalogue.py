@@ -70,11 +70,10 @@ RESCORABLE: dict[str, Callable[[Any], list[str]] | None] = {
     "fundamental_prediction_environment.py": _fundamentals,
     "tool_calling_server.py": _tool_calls,
     "brevity_env.py": None,
+    "math_server.py": None,
 }
 # path -> the end of the one line rescore exits 1 with
 CANNOT_RESCORE: dict[str, str] = {
-    "math_server.py": "its judge, RLAIF and self-correction groups are scored by the model itself (inference), "
-                      "and a group answered all right gets its length penalty at random",
     "rlaif_server.py": "its score is a judge model's preference between two rollouts (inference)",
 }
 COMMANDS = dict(CATALOGUE)
