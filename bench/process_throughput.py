@@ -52,9 +52,22 @@ def run(python: str, workdir: Path, out: Path, groups: int, tokenizer: Path, inf
     return elapsed, first_request_at - launched_at
 
 
-def serve_startup(python: str, workdir: Path, tokenizer: Path, inference: str, api_url: str) -> float:
-    """Seconds from launching ``serve`` (against a run-api whose trainer is registered) to its
-    first inference request; the environment is then stopped with SIGINT."""
+def serve_startup(python: str, workdir: Path, tokenizer: Path, inference: str) -> float:
+    """Seconds from launching ``serve`` (against a fresh run-api whose trainer is registered) to
+    its first inference request; the environment is then stopped with SIGINT. Each launch gets
+    its own API: groups an earlier one queued would make the next hold back its requests."""
+    from tests.helpers import ApiProcess  # main() has put the repository on the path
+
+    with ApiProcess(None, "--ephemeral", "--log-level", "warning") as api:
+        httpx.post(api.url + "/register", timeout=10, json={
+            "wandb_group": "bench", "wandb_project": "bench", "batch_size": 64, "max_token_len": 2048,
+            "checkpoint_dir": "ckpt", "save_checkpoint_interval": 100, "starting_step": 0, "num_steps": 1000,
+        }).raise_for_status()
+        httpx.get(api.url + "/batch", timeout=10).raise_for_status()  # the trainer has started
+        return _first_request_after_launch(python, workdir, tokenizer, inference, api.url)
+
+
+def _first_request_after_launch(python: str, workdir: Path, tokenizer: Path, inference: str, api_url: str) -> float:
     server_root = inference.removesuffix("/v1")
     httpx.post(server_root + "/stats/reset", timeout=10).raise_for_status()
     command = [python, str(ENV_FILE), "serve", "--env.rollout_server_url", api_url,
@@ -96,7 +109,6 @@ def main() -> None:
         raise SystemExit(f"no reference interpreter at {args.reference_python}: run bench/setup_reference.sh")
     sys.path.insert(0, str(ROOT))
     from tests.envs.conftest import start_fake_inference
-    from tests.helpers import ApiProcess
     from tests.tokenizer_fixture import build_tokenizer
 
     workdir = Path(tempfile.mkdtemp(prefix="atropos-process-bench-"))
@@ -119,15 +131,8 @@ def main() -> None:
                                     tokenizer, inference, ["--env.process_concurrency", "32"]))
         reference, ours, wide = (tuple(statistics.median(column) for column in zip(*runs[name]))
                                  for name in ("reference", "ours", "wide"))
-        with ApiProcess(None, "--ephemeral", "--log-level", "warning") as api:
-            httpx.post(api.url + "/register", timeout=10, json={
-                "wandb_group": "bench", "wandb_project": "bench", "batch_size": 64, "max_token_len": 2048,
-                "checkpoint_dir": "ckpt", "save_checkpoint_interval": 100, "starting_step": 0, "num_steps": 1000,
-            }).raise_for_status()
-            httpx.get(api.url + "/batch", timeout=10).raise_for_status()  # the trainer has started
-            serve_starts = {python: [serve_startup(python, workdir, tokenizer, inference, api.url)
-                                     for _ in range(args.repeats)]
-                            for python in (args.reference_python, sys.executable)}
+        serve_starts = {python: [serve_startup(python, workdir, tokenizer, inference) for _ in range(args.repeats)]
+                        for python in (args.reference_python, sys.executable)}
     finally:
         server.terminate()
         server.wait(10)
