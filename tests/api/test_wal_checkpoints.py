@@ -70,21 +70,28 @@ def test_commits_leave_checkpoints_to_the_thread(tmp_path: Path) -> None:
         reopened.close()
 
 
-def test_the_wal_stays_bounded_under_steady_writes(tmp_path: Path) -> None:
-    path = tmp_path / "state.sqlite3"
+def largest_wal(path: Path, writes: int, slow_checkpoints_s: float = 0.0) -> int:
+    """The WAL's largest size while `writes` blobs of 256 KiB are committed without a pause, the
+    checkpointer told of each; its statements delayed by `slow_checkpoints_s` (a starved thread)."""
     db = wal_database(path)
     checkpointer = WalCheckpointer(str(path), "NORMAL", every_bytes=MiB, restart_bytes=4 * MiB)
+    if slow_checkpoints_s:
+        checkpointer._db = SlowCheckpoints(checkpointer._db, slow_checkpoints_s)  # type: ignore[assignment]
     wal = Path(str(path) + "-wal")
     largest = 0
     try:
-        for _ in range(160):  # 40 MiB written without a pause
+        for _ in range(writes):
             db.execute("INSERT INTO blobs VALUES (?)", (os.urandom(256 * 1024),))
             checkpointer.wrote(256 * 1024)
             largest = max(largest, wal.stat().st_size)
     finally:
         checkpointer.close()
         db.close()
-    assert largest < 16 * MiB
+    return largest
+
+
+def test_the_wal_stays_bounded_under_steady_writes(tmp_path: Path) -> None:
+    assert largest_wal(tmp_path / "state.sqlite3", 160) < 16 * MiB  # 40 MiB written
 
 
 class SlowCheckpoints:
@@ -102,19 +109,5 @@ class SlowCheckpoints:
 
 
 def test_a_writer_waits_for_checkpoints_that_fall_behind_so_the_wal_stays_bounded(tmp_path: Path) -> None:
-    path = tmp_path / "state.sqlite3"
-    db = wal_database(path)
-    checkpointer = WalCheckpointer(str(path), "NORMAL", every_bytes=MiB, restart_bytes=4 * MiB)
-    checkpointer._db = SlowCheckpoints(checkpointer._db, delay=0.3)  # type: ignore[assignment]
-    wal = Path(str(path) + "-wal")
-    largest = 0
-    try:
-        for _ in range(120):  # 30 MiB, far faster than the checkpoints run
-            db.execute("INSERT INTO blobs VALUES (?)", (os.urandom(256 * 1024),))
-            checkpointer.wrote(256 * 1024)
-            largest = max(largest, wal.stat().st_size)
-    finally:
-        checkpointer.close()
-        db.close()
-    assert largest < 12 * MiB
-
+    # 30 MiB, far faster than the checkpoints run
+    assert largest_wal(tmp_path / "state.sqlite3", 120, slow_checkpoints_s=0.3) < 12 * MiB

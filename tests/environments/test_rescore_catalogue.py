@@ -138,15 +138,19 @@ def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WANDB_MODE", "disabled")
 
 
+def catalogue_env(path: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, list[str], Path]:
+    """The catalogue row's environment class, its offline flags, and where its groups go (run in `tmp_path`)."""
+    monkeypatch.chdir(tmp_path)
+    script, flags = process_flags(COMMANDS[path])
+    monkeypatch.setattr(sys, "path", sys.path[:])
+    return environment_class(script), flags, tmp_path / "groups.jsonl"
+
+
 @pytest.mark.parametrize("path", sorted(RESCORABLE))
 def test_rescoring_with_the_same_reward_gives_the_same_scores(path: str, tokenizer_dir: Path, tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.chdir(tmp_path)
-    script, flags = process_flags(COMMANDS[path])
-    monkeypatch.setattr(sys, "path", sys.path[:])
-    env_cls = environment_class(script)
-    saved = tmp_path / "groups.jsonl"
+    env_cls, flags, saved = catalogue_env(path, tmp_path, monkeypatch)
     groups = write_groups(env_cls, flags, saved, RESCORABLE[path], tokenizer_dir)
     assert groups, f"{path} wrote no group"
     assert all(SAVED_ITEM_FIELD in group for group in groups)
@@ -188,11 +192,7 @@ def test_mcqa_rescores_by_the_finish_reasons_saved_with_the_group(tokenizer_dir:
 def test_an_environment_that_cannot_rescore_says_why(path: str, tokenizer_dir: Path, tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.chdir(tmp_path)
-    script, flags = process_flags(COMMANDS[path])
-    monkeypatch.setattr(sys, "path", sys.path[:])
-    env_cls = environment_class(script)
-    saved = tmp_path / "groups.jsonl"
+    env_cls, flags, saved = catalogue_env(path, tmp_path, monkeypatch)
     saved.write_text(json.dumps({"tokens": [[1]], "masks": [[1]], "scores": [1.0], SAVED_ITEM_FIELD: {}}) + "\n")
     status, lines, err = rescore(env_cls, capsys, *flags, "--input", str(saved), "--env.tokenizer_name",
                                  str(tokenizer_dir))
