@@ -25,7 +25,7 @@ from pydantic import Field
 
 from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig, ScoredDataGroup
 from atroposlib.envs.local_data import load_rows
-from atroposlib.utils.length_penalty import length_scaled_score
+from atroposlib.utils.length_penalty import all_right_length_scaled
 from atroposlib.utils.math_answers import check_math_answer
 from atroposlib.utils.reasoning_text import text_after_thinking
 
@@ -163,10 +163,7 @@ class GSM8kEnv(BaseEnv):
 
     def with_length_penalty(self, scores: list[float], tokens: list[list[int]]) -> list[float]:
         """All correct: keep 1.0 up to half the token budget, then fall linearly to 0."""
-        if not all(score == 1.0 for score in scores):
-            return scores
-        return [length_scaled_score(score, len(ids), self.config.max_token_length, 0.5)
-                for score, ids in zip(scores, tokens)]
+        return all_right_length_scaled(scores, tokens, self.config.max_token_length, 0.5)
 
     async def rescore_group(self, group, item) -> list[float]:
         scores = [self.correctness(reply, item["answer"]) for reply in self.completions(group)]

@@ -48,7 +48,7 @@ from pydantic import Field
 
 from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig, EvalHandlingEnum, Item, ScoredDataGroup
 from atroposlib.envs.local_data import load_rows
-from atroposlib.utils.length_penalty import length_scaled_score
+from atroposlib.utils.length_penalty import all_right_length_scaled
 from atroposlib.utils.tokenize_for_trainer import tokenize_for_trainer
 
 system_prompt = (
@@ -229,10 +229,7 @@ class SingleToolCallingEnv(BaseEnv):
 
     def with_length_penalty(self, scores: List[float], tokens: List[List[int]]) -> List[float]:
         """All right: 1.0 up to half of max_token_length, then linearly down to 0.0 at max_token_length."""
-        if not all(score == 1.0 for score in scores):
-            return scores
-        return [length_scaled_score(score, len(ids), self.config.max_token_length, 0.5)
-                for score, ids in zip(scores, tokens)]
+        return all_right_length_scaled(scores, tokens, self.config.max_token_length, 0.5)
 
     def item_for_saving(self, item: Item) -> Dict[str, str]:
         """What scoring needs of an item (its prompt is a tuple of frozensets, which JSON cannot hold)."""

@@ -32,3 +32,12 @@ def length_scaled_score(score: float, length: int, max_length: int, start_fracti
     """`score` scaled by ``1 - length_overrun(...)``: unchanged inside the free part of the
     budget, falling linearly to 0.0 at `max_length` (a negative score moves towards 0.0 too)."""
     return score * (1.0 - length_overrun(length, max_length, start_fraction))
+
+
+def all_right_length_scaled(scores: list[float], tokens: list[list[int]], max_length: int,
+                            start_fraction: float) -> list[float]:
+    """A group's scores with `length_scaled_score` applied when every rollout scored 1.0 (all
+    right: the shorter answers are preferred), unchanged otherwise."""
+    if not all(score == 1.0 for score in scores):
+        return scores
+    return [length_scaled_score(score, len(ids), max_length, start_fraction) for score, ids in zip(scores, tokens)]
