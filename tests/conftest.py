@@ -10,6 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from atroposlib.api import ApiSettings, create_app
+from atroposlib.local.paths import atropos_home
 from tests.browser import browser  # noqa: F401 (fixtures registered once, for every test directory)
 from tests.real_engine import gsm8k_data, real_model_dir, real_vllm  # noqa: F401
 
@@ -36,6 +37,26 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
 def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
     outcome = yield
     _fail_skip(outcome.get_result())
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_user_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """`run-api` keeps its state under the user data dir by port (``port-<port>``) unless told
+    otherwise, and ports come round again over a suite: each session, then each test (below),
+    gets a data dir of its own, so no API restores the state an earlier test left on its port."""
+    os.environ.setdefault("ATROPOS_HOME", str(atropos_home()))  # installed models and runtimes stay found
+    previous = os.environ.get("XDG_DATA_HOME")
+    os.environ["XDG_DATA_HOME"] = str(tmp_path_factory.mktemp("user-data"))
+    yield
+    if previous is None:
+        os.environ.pop("XDG_DATA_HOME", None)
+    else:
+        os.environ["XDG_DATA_HOME"] = previous
+
+
+@pytest.fixture(autouse=True)
+def _test_user_data_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path_factory.mktemp("user-data")))
 
 
 class FakeClock:
