@@ -81,6 +81,10 @@ def _training_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=None,
                        help="recompute activations in the backward pass, saving memory for a third more compute "
                             "(default: on a GPU, as Atropos; off on a CPU)")
+    group.add_argument("--share-prompt-prefix", action=argparse.BooleanOptionalAction, default=None,
+                       help="keep each micro-batch to one group and run the prompt its rollouts share through the "
+                            "model once: the same logits over fewer positions (default: on, off with "
+                            "--gradient-checkpointing, which turns the attention cache off)")
     group.add_argument("--pad-to-multiple", type=int, default=None,
                        help="pad each micro-batch's length to a multiple of this (default: 64 on a GPU, as Atropos; "
                             "1 on a CPU, where padding only costs)")

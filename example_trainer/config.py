@@ -18,6 +18,8 @@ same here), with these changes:
   ``match_sampler_truncation``; for the loop: ``max_staleness`` (registered with the API,
   which serves no group sampled by older weights), ``pad_to_multiple`` (Atropos's 64 on a
   GPU, no rounding on a CPU), ``gradient_checkpointing`` (Atropos's on a GPU, off on a CPU),
+  ``share_prompt_prefix`` (a group's shared prompt runs once per micro-batch; off with
+  gradient checkpointing),
   ``vllm_pause_during_train`` (on a CPU the trainer's vLLM freezes its requests while a step
   trains) and ``replace_run`` (register over a stored run
   whose settings differ, instead of stopping with an error).
@@ -128,6 +130,9 @@ class TrainingConfig(BaseModel):
         None, description="recompute activations in the backward pass; None: on a GPU only")
     pad_to_multiple: Optional[int] = Field(
         None, ge=1, description=f"label width multiple; None: {GPU_PAD_MULTIPLE} on a GPU, {CPU_PAD_MULTIPLE} on a CPU")
+    share_prompt_prefix: Optional[bool] = Field(
+        None, description="run a group's shared prompt through the model once per micro-batch; None: unless "
+                          "activations are recomputed (gradient checkpointing)")
 
     # vLLM
     vllm_restart_interval: int = Field(3, ge=1, description="steps between weight syncs")
@@ -258,6 +263,15 @@ class TrainingConfig(BaseModel):
         if self.gradient_checkpointing is not None:
             return self.gradient_checkpointing
         return self.device.startswith("cuda")
+
+    @property
+    def shares_prompt_prefix(self) -> bool:
+        """Whether micro-batches keep to one group and run its prompt once: it computes the same
+        logits over fewer positions, but needs the attention cache that gradient checkpointing
+        turns off (and a batch laid out whole, on one process)."""
+        if self.share_prompt_prefix is not None:
+            return self.share_prompt_prefix
+        return not self.uses_gradient_checkpointing
 
     @property
     def pad_multiple(self) -> int:

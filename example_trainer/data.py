@@ -33,6 +33,9 @@ A batch from the trajectory API is a list of scored groups (``tokens``, ``masks`
 
 Rollouts are then cut into micro-batches of ``batch_size`` (the last may be smaller); on
 several ranks each keeps every ``world_size``-th rollout (`example_trainer.distributed`).
+With ``share_prefix`` a micro-batch holds rollouts of one group only, and the prompt they
+share runs through the model once (`shared_prefix_layout`), when that computes fewer
+positions than packing.
 `pad_data_to_good_offset` returns Atropos's five lists of tensors.
 """
 
@@ -47,6 +50,7 @@ import torch
 
 from atroposlib.policy_version import group_policy_version
 from example_trainer.config import ScaleRewards
+from example_trainer.prefix_sharing import shared_prefix_length
 
 GOOD_MULTIPLE = 64
 LABEL_PAD = -100
@@ -80,7 +84,9 @@ class MicroBatch:
     ``advantages`` is ``[B, 1]`` (one score per rollout) or ``[B, P]`` (per-token advantages
     from the environment); ``inference_logprobs`` is None when no rollout of the batch came
     with sampler log-probabilities. ``top_p``/``top_k``/``min_p`` are ``[B]`` (None: no
-    rollout of the micro-batch was sampled from a truncated distribution).
+    rollout of the micro-batch was sampled from a truncated distribution). The first
+    ``shared_prefix`` positions are the same in every row and trained in none: the forward
+    pass runs them once (`example_trainer.prefix_sharing`).
     """
 
     tokens: torch.Tensor
@@ -93,6 +99,7 @@ class MicroBatch:
     top_p: Optional[torch.Tensor] = None
     top_k: Optional[torch.Tensor] = None
     min_p: Optional[torch.Tensor] = None
+    shared_prefix: int = 0
 
     @property
     def size(self) -> int:
@@ -132,7 +139,7 @@ class PreparedBatch:
     @property
     def positions(self) -> int:
         """Token positions the forward passes compute, padding included."""
-        return sum(int(m.tokens.numel()) for m in self.micro_batches)
+        return _positions(self.micro_batches)
 
     def as_tuple(self) -> BatchTuple:
         """Atropos's ``(tokens, labels, advantages, temperatures, inference_logprobs | None)``."""
@@ -301,20 +308,24 @@ def _trained_tokens(rollout: _Rollout) -> int:
 def prepare_batch(items: list[dict], batch_size: int, *, extract_inference_logprobs: bool = True,
                   use_env_advantages: bool = False, pad_multiple: int = GOOD_MULTIPLE, pack: bool = False,
                   scale_rewards: ScaleRewards = "group", max_length: Optional[int] = None,
-                  rank: int = 0, world_size: int = 1) -> PreparedBatch:
+                  rank: int = 0, world_size: int = 1, share_prefix: bool = False) -> PreparedBatch:
     """The micro-batches for one optimizer step from the groups of one API batch; with
     several ranks, those of rank `rank`'s share (every `world_size`-th rollout, in the packed
-    order), while the counts the loss normalises by stay the whole batch's."""
+    order), while the counts the loss normalises by stay the whole batch's. With
+    `share_prefix` (one rank only), the layout of `shared_prefix_layout` when it computes
+    fewer positions than the packed one."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
     if pad_multiple < 1:
         raise ValueError(f"pad_multiple must be at least 1, got {pad_multiple}")
+    if share_prefix and world_size > 1:
+        raise ValueError("share_prefix lays out a whole batch; it is not split over ranks")
     if not items or not any(item["tokens"] for item in items):
         raise ValueError("the batch has no rollouts")
     scale = batch_reward_scale(items, scale_rewards)
-    rollouts = [rollout for item in items
-                for rollout in _item_rollouts(item, scale, extract_inference_logprobs, use_env_advantages)]
-    kept = [r for r in rollouts if max_length is None or len(r.tokens) <= max_length]
+    groups = [_item_rollouts(item, scale, extract_inference_logprobs, use_env_advantages) for item in items]
+    kept_groups = [[r for r in group if max_length is None or len(r.tokens) <= max_length] for group in groups]
+    kept = [rollout for group in kept_groups for rollout in group]
     if not kept:
         raise ValueError(f"every rollout of the batch is longer than {max_length} tokens (--seq-len)")
     with_logprobs = any(r.logprobs is not None for r in kept)
@@ -328,11 +339,41 @@ def prepare_batch(items: list[dict], batch_size: int, *, extract_inference_logpr
         _micro_batch(chunk, working_length(max(len(r.tokens) for r in chunk), pad_multiple) if pack else batch_width,
                      per_token, with_logprobs)
         for chunk in chunks]
+    if share_prefix:
+        shared = shared_prefix_layout(kept_groups, batch_size, pad_multiple, per_token, with_logprobs)
+        if _positions(shared) < _positions(micro_batches):
+            micro_batches = shared
     trained = sum(_trained_tokens(r) for r in kept)
     return PreparedBatch(micro_batches=micro_batches, num_sequences=len(kept), num_tokens=trained,
                          had_inference_logprobs=with_logprobs,
                          policy_versions=[group_policy_version(item) for item in items],
-                         too_long=len(rollouts) - len(kept))
+                         too_long=sum(len(group) for group in groups) - len(kept))
+
+
+def shared_prefix_layout(groups: list[list[_Rollout]], batch_size: int, pad_multiple: int, per_token: bool,
+                         with_logprobs: bool) -> list[MicroBatch]:
+    """Micro-batches that never mix groups, so their rows start with the group's prompt: each
+    group, longest rollout first, cut into micro-batches of `batch_size` that run their common
+    untrained prefix once (`example_trainer.prefix_sharing`). Rollouts left alone with no
+    prefix to share (groups of one, a last micro-batch of one) are packed together after them."""
+    shared, alone = [], []
+    for group in groups:
+        ordered = sorted(group, key=lambda r: len(r.tokens), reverse=True)
+        for start in range(0, len(ordered), batch_size):
+            chunk = ordered[start:start + batch_size]
+            micro = _micro_batch(chunk, working_length(len(chunk[0].tokens), pad_multiple), per_token, with_logprobs)
+            prefix = shared_prefix_length(micro.tokens, micro.labels, LABEL_PAD)
+            if prefix:
+                shared.append(replace(micro, shared_prefix=prefix))
+            else:
+                alone += chunk
+    alone.sort(key=lambda r: len(r.tokens), reverse=True)
+    return shared + [_micro_batch(chunk, working_length(len(chunk[0].tokens), pad_multiple), per_token, with_logprobs)
+                     for chunk in (alone[start:start + batch_size] for start in range(0, len(alone), batch_size))]
+
+
+def _positions(micro_batches: list[MicroBatch]) -> int:
+    return sum(int(m.tokens.numel()) - (m.size - 1) * m.shared_prefix for m in micro_batches)
 
 
 def pad_data_to_good_offset(data: dict, batch_size: int, extract_inference_logprobs: bool = True) -> BatchTuple:

@@ -27,12 +27,13 @@ away from); `ScoredTokens.outside` marks them, and the step line counts them.
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import torch
 import transformers
 
 from example_trainer.data import LABEL_PAD, MicroBatch
+from example_trainer.prefix_sharing import CACHE_ARGUMENT, prompt_cache
 
 # Rows of positions whose full-vocabulary sort is done at once: bounds the extra memory of
 # truncation (a sort and its indices) to a few of these slices.
@@ -76,20 +77,35 @@ def truncate(logits: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor, min
     return torch.cat(chunks) if chunks else logits
 
 
-def model_logits_at(model: torch.nn.Module, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+def model_logits_at(model: torch.nn.Module, tokens: torch.Tensor, positions: torch.Tensor,
+                    shared_prefix: int = 0) -> torch.Tensor:
     """``[N, V]`` logits of `model` at the N ``True`` entries of `positions` (``[B, P]``), row-major.
 
     The LM head, a vocabulary-wide matrix multiply, runs only there: transformers'
     ``logits_to_keep`` with a boolean mask (transformers 5); elsewhere, or for a model whose
-    forward does not take it, every position's logits are computed and then selected."""
+    forward does not take it, every position's logits are computed and then selected. With
+    `shared_prefix` S (`example_trainer.prefix_sharing`), the first S tokens, the same in every
+    row and trained in none, run once for all rows."""
+    if shared_prefix:
+        cache = prompt_cache(model, tokens[:1, :shared_prefix], tokens.size(0))
+        if cache is not None:
+            return _logits_at(model, tokens[:, shared_prefix:], positions[:, shared_prefix:], {CACHE_ARGUMENT: cache})
+    return _logits_at(model, tokens, positions, {})
+
+
+def _logits_at(model: torch.nn.Module, tokens: torch.Tensor, positions: torch.Tensor,
+               extra: dict[str, Any]) -> torch.Tensor:
+    logits = None
     if LOGITS_TO_KEEP_MASKS:
         try:
-            kept = model(tokens, logits_to_keep=positions).logits
-        except TypeError:
-            kept = None
-        if kept is not None and kept.dim() == 2 and kept.size(0) == int(positions.sum()):
-            return kept
-    return model(tokens).logits[positions]
+            logits = model(tokens, logits_to_keep=positions, **extra).logits
+        except TypeError:  # raised before the forward ran: an attention cache in `extra` is still unused
+            logits = None
+        if logits is not None and logits.dim() == 2 and logits.size(0) == int(positions.sum()):
+            return logits
+    if logits is None:  # no boolean logits_to_keep: every position's logits, then the trained ones'
+        logits = model(tokens, **extra).logits
+    return logits[positions]
 
 
 def _tempered(logits: torch.Tensor, micro: MicroBatch, rollout: torch.Tensor) -> torch.Tensor:
@@ -130,7 +146,7 @@ def sampled_token_logprobs(model: torch.nn.Module, micro: MicroBatch, match_trun
     trained = micro.labels != LABEL_PAD
     labels = micro.labels[trained].unsqueeze(-1)
     rollout = trained.nonzero()[:, 0]  # the rollout of each trained position, row-major
-    tempered = _tempered(model_logits_at(model, micro.tokens, trained), micro, rollout)
+    tempered = _tempered(model_logits_at(model, micro.tokens, trained, micro.shared_prefix), micro, rollout)
     rows = _truncated_as_sampled(tempered, micro, rollout) if match_truncation and micro.truncated else tempered
     picked = rows.log_softmax(-1).gather(-1, labels).squeeze(-1)
     outside = torch.isneginf(picked.detach())

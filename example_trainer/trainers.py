@@ -153,7 +153,8 @@ def train_step(run: Run, step: int) -> None:
     leased, items = run.feed.next()
     batch = prepare_batch(items, config.batch_size, use_env_advantages=config.use_env_advantages,
                           pad_multiple=config.pad_multiple, pack=True, scale_rewards=config.scale_rewards,
-                          max_length=config.seq_len, rank=run.ranks.rank, world_size=run.ranks.world_size)
+                          max_length=config.seq_len, rank=run.ranks.rank, world_size=run.ranks.world_size,
+                          share_prefix=config.shares_prompt_prefix and not run.ranks.distributed)
     data_fetch_time = time.monotonic() - fetch_started
     done = step + 1
     last = done == config.training_steps

@@ -65,6 +65,7 @@ DOC_DEFAULTS: dict[tuple[str, str], str] = {
     ("atropos-grpo", "--max-staleness"): "2 × `--vllm-restart-interval`",
     ("atropos-grpo", "--vllm-pause-during-train"): "on a CPU",
     ("atropos-grpo", "--gradient-checkpointing"): "on a GPU",
+    ("atropos-grpo", "--share-prompt-prefix"): "on without gradient checkpointing",
     ("inference-node-wandb-watcher", "--num-servers"): "`8 // tp`",
     ("atropos-jsonl2html", "OUTPUT.html"): "INPUT with the `.html` suffix",
     ("atropos-vllm install", "--path"): "`$ATROPOS_VLLM_RUNTIME`, else `$ATROPOS_HOME/vllm-runtime`",

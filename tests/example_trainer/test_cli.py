@@ -168,6 +168,7 @@ EVERY_FLAG = [
     (["--no-match-sampler-truncation"], "match_sampler_truncation", False),
     (["--max-staleness", "2"], "max_staleness", 2),
     (["--pad-to-multiple", "8"], "pad_to_multiple", 8),
+    (["--no-share-prompt-prefix"], "share_prompt_prefix", False),
     (["--replace-run"], "replace_run", True),
     (["--no-vllm-pause-during-train"], "vllm_pause_during_train", False),
     (["--gradient-checkpointing"], "gradient_checkpointing", True),
