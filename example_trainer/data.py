@@ -50,7 +50,7 @@ import torch
 
 from atroposlib.policy_version import group_policy_version
 from example_trainer.config import ScaleRewards
-from example_trainer.prefix_sharing import shared_prefix_length
+from example_trainer.prefix_sharing import shared_prefix_length, worth_sharing
 
 GOOD_MULTIPLE = 64
 LABEL_PAD = -100
@@ -354,8 +354,8 @@ def shared_prefix_layout(groups: list[list[_Rollout]], batch_size: int, pad_mult
                          with_logprobs: bool) -> list[MicroBatch]:
     """Micro-batches that never mix groups, so their rows start with the group's prompt: each
     group, longest rollout first, cut into micro-batches of `batch_size` that run their common
-    untrained prefix once (`example_trainer.prefix_sharing`). Rollouts left alone with no
-    prefix to share (groups of one, a last micro-batch of one) are packed together after them."""
+    untrained prefix once (`example_trainer.prefix_sharing`). Rollouts with too little to share
+    (groups of one, a last micro-batch of one, a short prompt) are packed together after them."""
     shared, alone = [], []
     for group in groups:
         ordered = sorted(group, key=lambda r: len(r.tokens), reverse=True)
@@ -363,7 +363,7 @@ def shared_prefix_layout(groups: list[list[_Rollout]], batch_size: int, pad_mult
             chunk = ordered[start:start + batch_size]
             micro = _micro_batch(chunk, working_length(len(chunk[0].tokens), pad_multiple), per_token, with_logprobs)
             prefix = shared_prefix_length(micro.tokens, micro.labels, LABEL_PAD)
-            if prefix:
+            if worth_sharing(len(chunk), prefix):
                 shared.append(replace(micro, shared_prefix=prefix))
             else:
                 alone += chunk

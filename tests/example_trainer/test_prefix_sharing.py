@@ -16,18 +16,19 @@ from example_trainer.logprobs import sampled_token_logprobs
 from example_trainer.prefix_sharing import shared_prefix_length
 from example_trainer.training import loss_settings, micro_batch_loss, step_totals
 
-PROMPT = 12
+PROMPT = 48  # 4 rows sharing 47 positions save 141: enough to pay for the prefix's own pass
 
 
-def groups(count: int = 3, size: int = 4, seed: int = 0, vocab: int = 200) -> list[dict[str, Any]]:
+def groups(count: int = 3, size: int = 4, seed: int = 0, vocab: int = 200, prompt_length: int = PROMPT
+           ) -> list[dict[str, Any]]:
     """`count` groups of `size` rollouts: one prompt per group, answers of 2 to 9 tokens."""
     rng = random.Random(seed)
     items = []
     for _ in range(count):
-        prompt = [rng.randrange(3, vocab) for _ in range(PROMPT)]
+        prompt = [rng.randrange(3, vocab) for _ in range(prompt_length)]
         answers = [[rng.randrange(3, vocab) for _ in range(rng.randint(2, 9))] for _ in range(size)]
         items.append({"tokens": [prompt + answer for answer in answers],
-                      "masks": [[LABEL_PAD] * PROMPT + answer for answer in answers],
+                      "masks": [[LABEL_PAD] * prompt_length + answer for answer in answers],
                       "scores": [float(rng.random() > 0.5) for _ in answers],
                       "generation_params": {"temperature": 0.7}})
     return items
@@ -63,6 +64,13 @@ def test_rollouts_with_no_one_to_share_with_are_packed_together() -> None:
     singletons = groups(count=4, size=1)
     assert prepare_batch(singletons, 4, pad_multiple=1, pack=True, share_prefix=True).positions == \
         prepare_batch(singletons, 4, pad_multiple=1, pack=True).positions
+
+
+def test_a_prefix_too_short_to_pay_for_its_own_pass_is_not_shared() -> None:
+    items = groups(count=3, size=4, prompt_length=12)  # 3 x 11 positions saved per micro-batch: too few
+    shared = prepare_batch(items, 4, pad_multiple=1, pack=True, share_prefix=True)
+    assert [m.shared_prefix for m in shared.micro_batches] == [0, 0, 0]
+    assert shared.positions == prepare_batch(items, 4, pad_multiple=1, pack=True).positions
 
 
 def test_sharing_is_refused_over_several_ranks() -> None:
