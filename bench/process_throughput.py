@@ -54,7 +54,8 @@ def run(python: str, workdir: Path, out: Path, groups: int, tokenizer: Path, inf
 
 def serve_startup(python: str, workdir: Path, tokenizer: Path, inference: str) -> float:
     """Seconds from launching ``serve`` (against a fresh run-api whose trainer is registered) to
-    its first inference request; the environment is then stopped with SIGINT. Each launch gets
+    its first inference request; the environment is then stopped with SIGTERM (a SIGINT would be
+    ignored when the benchmark itself runs in the background). Each launch gets
     its own API: groups an earlier one queued would make the next hold back its requests."""
     from tests.helpers import ApiProcess  # main() has put the repository on the path
 
@@ -89,7 +90,7 @@ def _first_request_after_launch(python: str, workdir: Path, tokenizer: Path, inf
         raise SystemExit(f"{python} serve sent no inference request:\n{process.communicate(timeout=30)[1][-3000:]!r}")
     finally:
         if process.poll() is None:
-            process.send_signal(signal.SIGINT)
+            process.send_signal(signal.SIGTERM)
             try:
                 process.wait(60)
             except subprocess.TimeoutExpired:

@@ -1,69 +1,124 @@
 #!/usr/bin/env bash
 # Sets up the project and runs the whole test suite (what CI runs).
+#
+# Set-up: the project's .venv first (the vLLM runtime's installer lives in it), with the
+# reference atroposlib venv, the transformers 4 venv and the system packages (Chromium, Slurm)
+# built beside it; then the vLLM CPU runtime. Every venv records a hash of what it was built
+# from and is reused while that holds (scripts/venv_stamp.sh). Each step's seconds are printed
+# at the end of set-up.
+#
+# The suite then runs in two parts (with no arguments; arguments go to one plain pytest run):
+# the tests that mostly wait on servers, subprocesses and HTTP in parallel workers
+# (pytest-xdist, $ATROPOS_TEST_WORKERS, default 4), then the CPU-heavy ones, marked `serial`
+# (the real vLLM engine, training, benchmarks), one at a time, so that none of them competes
+# for the cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-step() { echo "test.sh [$1/7] $2" >&2; }
-step 1 "installing atroposlib with its dev, example-trainer, rewardfns, examples, quickstart, verifiers and games extras into .venv"
-EXTRAS=dev,example-trainer,rewardfns,examples,quickstart,verifiers bash scripts/setup.sh
-# TextWorld builds jericho from source (a C compiler); without it the TextWorld test skips.
-.venv/bin/python -m pip install -q -e ".[games]" >/dev/null 2>&1 \
-    || echo "note: the games extra (textworld) did not install; its test will be skipped"
-# The real vLLM engine (CPU build) in its own venv, for the tests marked real_vllm; they
-# skip without it, so a failed install stops here instead.
+source scripts/venv_stamp.sh
 export ATROPOS_HOME="${ATROPOS_HOME:-$(pwd)/.cache/atropos}"
-step 2 "installing the vLLM CPU runtime into $ATROPOS_HOME (kept when already there)"
-.venv/bin/atropos-vllm install
+logs=.cache/ci-logs
+mkdir -p "$logs"
+: > "$logs/times.tsv"
+step() { echo "test.sh [$1/6] $2" >&2; }
+# timed NAME COMMAND...: runs COMMAND, its output in $logs/NAME.log, and records its seconds.
+timed() {
+    local name="$1" started=$SECONDS status=0
+    shift
+    "$@" > "$logs/$name.log" 2>&1 || status=$?
+    printf '%s\t%s\t%s\n' "$name" "$((SECONDS - started))" "$status" >> "$logs/times.tsv"
+    if [ "$status" != 0 ]; then
+        echo "test.sh: $name failed (exit $status); the end of $logs/$name.log:" >&2
+        tail -n 20 "$logs/$name.log" >&2
+    fi
+    return "$status"
+}
+
 # The reference atroposlib 0.4.0, in its own venv, lets tests/api/test_reference_suite.py run
-# the reference's own API tests against this server; without it that test is skipped.
+# the reference's own API tests against this server.
+reference_venv() {
+    local target="$1" key
+    key="$(inputs_hash bench/setup_reference.sh)"
+    if stamp_holds "$target" "$key"; then echo "reused $target"; return; fi
+    bash bench/setup_reference.sh "$target" || return 1
+    write_stamp "$target" "$key"
+}
+
+# transformers 4 and 5 return different things from apply_chat_template: the tokenizer tests
+# also run against a 4.x release, in a venv of their own.
+transformers4_tests() {
+    local target=.cache/transformers4 key
+    key="$(inputs_hash pyproject.toml)"
+    if ! stamp_holds "$target" "$key"; then
+        python3 -m venv --clear "$target" || return 1
+        "$target/bin/python" -m pip install -q -e ".[dev]" "transformers>=4.45,<5" || return 1
+        write_stamp "$target" "$key"
+    fi
+    "$target/bin/python" -m pytest -q -p no:cacheprovider tests/utils/test_tokenize_for_trainer.py \
+        tests/utils/test_message_history_and_display.py
+}
+
+# The browser tests (generated HTML, the Gradio viewer) drive the system Chromium and the
+# Slurm tests start a one-node cluster from Debian's slurm-wlm: installed here when missing.
+system_packages() {
+    local wanted=()
+    [ -x "${ATROPOS_CHROMIUM:-/usr/bin/chromium}" ] || wanted+=(chromium)
+    command -v slurmctld >/dev/null || wanted+=(slurm-wlm)
+    if [ "${#wanted[@]}" = 0 ]; then echo "Chromium and Slurm are there"; return; fi
+    if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
+        echo "no root or no apt-get: install ${wanted[*]} yourself, or their tests are skipped"
+        return
+    fi
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -q --no-install-recommends "${wanted[@]}" \
+        || { apt-get update -q && apt-get install -y -q --no-install-recommends "${wanted[@]}"; } \
+        || echo "note: ${wanted[*]} did not install; their tests will be skipped"
+}
+
 reference="${ATROPOS_REFERENCE_PYTHON:-$(pwd)/.cache/refvenv/bin/python}"
-if [ -x "$reference" ]; then
-    step 3 "reference atroposlib 0.4.0: using $reference"
+step 1 "building, side by side: the reference atroposlib venv, the transformers 4 venv, Chromium and Slurm (logs in $logs)"
+background=()
+if [ -n "${ATROPOS_REFERENCE_PYTHON:-}" ] && [ -x "$ATROPOS_REFERENCE_PYTHON" ]; then
+    echo "reference atroposlib 0.4.0: using $reference" >&2
 else
-    step 3 "building the reference atroposlib 0.4.0 venv for the conformance tests (a few minutes, once)"
-    bash bench/setup_reference.sh "$(dirname "$(dirname "$reference")")" >/dev/null 2>&1 \
-        || echo "note: reference atroposlib not installed; its conformance test will be skipped"
+    timed reference-venv reference_venv "$(dirname "$(dirname "$reference")")" & background+=($!)
 fi
+timed transformers4-tests transformers4_tests & transformers4_job=$!
+timed system-packages system_packages & background+=($!)
+
+step 2 "installing atroposlib with its dev, example-trainer, rewardfns, examples, quickstart, verifiers and games extras into .venv"
+timed project-venv env EXTRAS=dev,example-trainer,rewardfns,examples,quickstart,verifiers bash scripts/setup.sh
+# TextWorld builds jericho from source (a C compiler); without it the TextWorld test skips.
+games_key="$(inputs_hash pyproject.toml)-games"
+if ! stamp_holds .venv "$games_key"; then
+    timed games-extra .venv/bin/python -m pip install -q -e ".[games]" && write_stamp .venv "$games_key" \
+        || echo "note: the games extra (textworld) did not install; its test will be skipped" >&2
+fi
+
+# The real vLLM engine (CPU build) in its own venv, for the tests marked real_vllm.
+step 3 "installing the vLLM CPU runtime into $ATROPOS_HOME (kept while its pins hold)"
+timed vllm-runtime .venv/bin/atropos-vllm install
+
+step 4 "waiting for the side-by-side set-up"
+# a reference venv or system package that did not install is a note (its tests skip, or fail in CI)
+for job in "${background[@]}"; do wait "$job" || true; done
+wait "$transformers4_job" || { echo "test.sh: the tokenizer tests failed against transformers 4 (above)" >&2; exit 1; }
 export ATROPOS_REFERENCE_PYTHON="$reference"
 export WANDB_MODE=disabled
-# transformers 4 and 5 return different things from apply_chat_template: the tokenizer
-# tests also run against a 4.x release, in a venv of their own.
-tf4=.cache/transformers4
-step 4 "tokenizer tests against transformers 4 (its venv is built once, in $tf4)"
-if [ ! -x "$tf4/bin/python" ]; then
-    python3 -m venv "$tf4"
-    "$tf4/bin/python" -m pip install -q -e ".[dev]" "transformers>=4.45,<5"
-fi
-"$tf4/bin/python" -m pytest -q -p no:cacheprovider tests/utils/test_tokenize_for_trainer.py \
-    tests/utils/test_message_history_and_display.py
-# The browser tests (generated HTML, the Gradio viewer) drive the system Chromium; they
-# skip without it.
-if [ ! -x "${ATROPOS_CHROMIUM:-/usr/bin/chromium}" ]; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-        step 5 "installing Chromium for the browser tests (apt-get install chromium)"
-        (apt-get install -y -q chromium >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1; }) \
-            || echo "note: Chromium not installed; the browser tests will be skipped"
-    else
-        step 5 "no Chromium and no root: the browser tests will be skipped (apt-get install -y chromium)"
-    fi
-else
-    step 5 "Chromium for the browser tests: ${ATROPOS_CHROMIUM:-/usr/bin/chromium}"
-fi
-# The Slurm tests (tests/slurm) start a one-node cluster from Debian's slurm-wlm; they skip
-# without it (and install it themselves when they can).
-if ! command -v slurmctld >/dev/null; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-        step 6 "installing Slurm for the Slurm tests (apt-get install slurm-wlm)"
-        (DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends slurm-wlm >/dev/null 2>&1 \
-            || { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends slurm-wlm >/dev/null 2>&1; }) \
-            || echo "note: Slurm not installed; the Slurm tests will be skipped"
-    else
-        step 6 "no Slurm and no root: the Slurm tests will be skipped (apt-get install -y slurm-wlm)"
-    fi
-else
-    step 6 "Slurm for the Slurm tests: $(command -v slurmctld)"
-fi
+echo "set-up, seconds per step (side-by-side steps overlap):" >&2
+column -t -s $'\t' -N step,seconds,exit "$logs/times.tsv" >&2 || cat "$logs/times.tsv" >&2
+
 # In CI (CI set, as .ci/run and CI services do) every component above is installed: a test that
 # would skip because one is missing fails instead (tests/conftest.py), so a green run ran everything.
 if [ -n "${CI:-}" ]; then export ATROPOS_TESTS_NO_SKIP="${ATROPOS_TESTS_NO_SKIP:-1}"; fi
-step 7 "running the test suite${ATROPOS_TESTS_NO_SKIP:+ (skips fail: ATROPOS_TESTS_NO_SKIP=1)}"
-exec .venv/bin/python -m pytest -q -p no:cacheprovider --durations=15 "$@"
+pytest=(.venv/bin/python -m pytest -q -p no:cacheprovider)
+if [ "$#" -gt 0 ]; then
+    step 5 "running pytest $*${ATROPOS_TESTS_NO_SKIP:+ (skips fail: ATROPOS_TESTS_NO_SKIP=1)}"
+    exec "${pytest[@]}" --durations=20 "$@"
+fi
+step 5 "the tests that mostly wait, in ${ATROPOS_TEST_WORKERS:-4} workers${ATROPOS_TESTS_NO_SKIP:+ (skips fail: ATROPOS_TESTS_NO_SKIP=1)}"
+parallel_status=0
+"${pytest[@]}" -m "not serial" -n "${ATROPOS_TEST_WORKERS:-4}" --durations=20 || parallel_status=$?
+step 6 "the CPU-heavy tests (marked serial), one at a time"
+serial_status=0
+"${pytest[@]}" -m serial --durations=20 || serial_status=$?
+[ "$parallel_status" = 0 ] && [ "$serial_status" = 0 ]

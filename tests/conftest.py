@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
@@ -15,6 +16,18 @@ from tests.browser import browser  # noqa: F401 (fixtures registered once, for e
 from tests.real_engine import gsm8k_data, real_model_dir, real_vllm  # noqa: F401
 
 os.environ.setdefault("WANDB_MODE", "disabled")
+
+
+def undo_ignored_sigint() -> None:
+    """A suite started in the background (`cmd &`, nohup, some CI runners) inherits SIGINT
+    ignored, and so would every process a test starts: a Ctrl-C sent to stop one would do
+    nothing and the test would wait out its grace period (minutes, over the suite). A handler
+    here, which exec resets to the default, undoes that for every process started after."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+undo_ignored_sigint()
 # Set by scripts/test.sh in CI, where every component the tests need is installed: a test that
 # skips (a missing engine, browser, Slurm, reference install...) fails instead of hiding it.
 NO_SKIPS_VARIABLE = "ATROPOS_TESTS_NO_SKIP"
@@ -25,6 +38,14 @@ def _fail_skip(report: Any) -> None:
         reason = report.longrepr[-1] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         report.outcome = "failed"
         report.longrepr = f"skipped with {NO_SKIPS_VARIABLE}=1 (a component the tests need is missing): {reason}"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests on the real engine run in one process (they share one engine, `tests.real_engine`),
+    so they are `serial` too: scripts/test.sh runs those after the parallel part, one at a time."""
+    for item in items:
+        if item.get_closest_marker("real_vllm") is not None and item.get_closest_marker("serial") is None:
+            item.add_marker(pytest.mark.serial)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -3,21 +3,60 @@
 Tests marked ``real_vllm`` need the runtime (``atropos-vllm install``) and are skipped
 without it; `scripts/test.sh` installs it, so CI runs them. The fixtures are registered
 once, in tests/conftest.py, so every directory's tests share one engine.
+
+A slow start must not fail every test that shares the engine: the start waits longer on a
+machine with fewer or busier cores (`start_timeout`), and a start that fails is tried once
+more, with a line on the terminal that says why (`start_with_one_retry`).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator, Optional
 
 import pytest
 
 from atroposlib.local.prepare_model import prepare_model
 from atroposlib.local.runtime import Runtime
-from atroposlib.local.vllm_service import LocalVLLM
+from atroposlib.local.vllm_service import LocalVLLM, VLLMStartError
 
 ROOT = Path(__file__).resolve().parent.parent
+# Seconds the engine gets to start on 4 or more idle cores (it takes ~40 s on 2 idle cores).
+BASE_START_TIMEOUT = 300.0
+MAX_START_TIMEOUT = 1200.0
+
+
+def start_timeout(cores: Optional[int] = None, load: Optional[float] = None) -> float:
+    """Seconds to wait for the engine: `BASE_START_TIMEOUT`, stretched by how far the machine
+    falls short of 4 cores and by how busy they are (the one-minute load average), at most
+    `MAX_START_TIMEOUT`."""
+    cores = cores or os.cpu_count() or 1
+    load = os.getloadavg()[0] if load is None else load
+    stretch = max(1.0, 4 / cores) * max(1.0, load / cores)
+    return min(BASE_START_TIMEOUT * stretch, MAX_START_TIMEOUT)
+
+
+def start_with_one_retry(make_server: Callable[[], LocalVLLM], timeout: float,
+                         say: Callable[[str], None]) -> LocalVLLM:
+    """A started server from `make_server`; a start that fails (`VLLMStartError`: too slow, or
+    the process died) is tried once more on a fresh server with twice the time, after `say`
+    names the reason. A second failure raises, naming both."""
+    try:
+        return make_server().start(timeout)
+    except VLLMStartError as first:
+        reason = str(first).partition("; last log lines")[0]  # the log's tail is in the final error
+        say(f"the real vLLM engine did not start ({reason}): trying once more, with {2 * timeout:.0f} s")
+        try:
+            return make_server().start(2 * timeout)
+        except VLLMStartError as second:
+            raise VLLMStartError(f"the real vLLM engine did not start twice: first {reason}, then {second}") from None
+
+
+def _to_terminal(line: str) -> None:
+    """Past pytest's output capture, so the line shows while the suite runs."""
+    print(f"\n{line}", file=sys.__stderr__, flush=True)
 
 
 def installed_runtime() -> Runtime:
@@ -36,15 +75,20 @@ def real_model_dir() -> Path:
 def real_vllm(real_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalVLLM]:
     log_path = Path(os.environ.get("PYTEST_TMPDIR") or tmp_path_factory.mktemp("vllm")) / "vllm.log"
     # float32 on every CPU: the trainer's float32 log-probabilities must match the sampler's
-    with LocalVLLM(real_model_dir, runtime=installed_runtime(), log_path=log_path, dtype="float32") as server:
+    runtime = installed_runtime()
+    server = start_with_one_retry(
+        lambda: LocalVLLM(real_model_dir, runtime=runtime, log_path=log_path, dtype="float32"),
+        start_timeout(), _to_terminal)
+    try:
         yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture(scope="session")
 def gsm8k_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("reasoning_gym")
     import subprocess
-    import sys
 
     folder = tmp_path_factory.mktemp("gsm8k_style")
     subprocess.run([sys.executable, str(ROOT / "environments" / "gsm8k_offline_data.py"), str(folder),

@@ -35,8 +35,10 @@ import shlex
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+from typing import Iterator
 
 import httpx
 import pytest
@@ -217,6 +219,15 @@ def _reference_python() -> None:
         pytest.skip(f"no reference atroposlib at {REFERENCE_PYTHON} (bash bench/setup_reference.sh .cache/refvenv)")
 
 
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A temporary folder with a short path, for TMPDIR: Chromium puts its singleton socket
+    under TMPDIR, and a socket's path must fit in 107 bytes (pytest's folders, under
+    pytest-xdist's worker folders, can be longer)."""
+    with tempfile.TemporaryDirectory(prefix="atropos-") as folder:
+        yield Path(folder)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name, start, replace, result", [
     pytest.param("bench-api", ".venv/bin/python bench/api_throughput.py",
@@ -230,10 +241,10 @@ def _reference_python() -> None:
                  "speed-up:", id="bench-process"),
 ])
 def test_the_benchmark_runs_scaled_down(name: str, start: str, replace: dict[str, str], result: str,
-                                        tmp_path: Path) -> None:
+                                        tmp_path: Path, short_tmp: Path) -> None:
     _reference_python()
     line = command_line("README.md", name, start, replace)
-    done = _bash(line, ROOT, block_environment(tmp_path, TMPDIR=str(tmp_path)), timeout=300)
+    done = _bash(line, ROOT, block_environment(tmp_path, TMPDIR=str(short_tmp)), timeout=300)
     assert done.returncode == 0 and result in done.stdout, _failure(done)
 
 

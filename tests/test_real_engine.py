@@ -1,0 +1,66 @@
+"""The suite-wide real engine's start: a timeout that grows on a small or busy machine, and
+one retry that says why instead of failing every test that shares the engine."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from atroposlib.local.vllm_service import VLLMStartError
+from tests.real_engine import BASE_START_TIMEOUT, MAX_START_TIMEOUT, start_timeout, start_with_one_retry
+
+
+class StandInServer:
+    """Starts, or fails the way `LocalVLLM.start` does, as its script says."""
+
+    def __init__(self, failure: str = "") -> None:
+        self.failure = failure
+        self.timeouts: list[float] = []
+
+    def start(self, timeout: float) -> Any:
+        self.timeouts.append(timeout)
+        if self.failure:
+            raise VLLMStartError(f"{self.failure}; last log lines:\nINFO loading weights")
+        return self
+
+
+def servers(*failures: str) -> tuple[list[StandInServer], Any]:
+    made: list[StandInServer] = []
+    script = iter(failures)
+
+    def make() -> StandInServer:
+        made.append(StandInServer(next(script)))
+        return made[-1]
+
+    return made, make
+
+
+def test_the_timeout_grows_with_fewer_and_busier_cores() -> None:
+    assert start_timeout(cores=8, load=0.5) == BASE_START_TIMEOUT
+    assert start_timeout(cores=2, load=1.0) == 2 * BASE_START_TIMEOUT
+    assert start_timeout(cores=2, load=3.0) == 3 * BASE_START_TIMEOUT
+    assert start_timeout(cores=1, load=8.0) == MAX_START_TIMEOUT
+
+
+def test_a_first_start_that_fails_costs_one_line_and_one_retry() -> None:
+    made, make = servers("vLLM did not answer within 300 s", "")
+    said: list[str] = []
+    server = start_with_one_retry(make, 300.0, said.append)
+    assert server is made[1] and len(made) == 2
+    assert [m.timeouts for m in made] == [[300.0], [600.0]]
+    assert said == ["the real vLLM engine did not start (vLLM did not answer within 300 s): "
+                    "trying once more, with 600 s"]
+
+
+def test_a_start_that_works_is_not_retried() -> None:
+    made, make = servers("")
+    said: list[str] = []
+    assert start_with_one_retry(make, 300.0, said.append) is made[0]
+    assert len(made) == 1 and said == []
+
+
+def test_two_failed_starts_raise_naming_both() -> None:
+    _, make = servers("vLLM did not answer within 300 s", "vLLM exited with code 1")
+    with pytest.raises(VLLMStartError, match="first vLLM did not answer within 300 s, then vLLM exited with code 1"):
+        start_with_one_retry(make, 300.0, lambda line: None)
