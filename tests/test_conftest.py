@@ -33,7 +33,8 @@ def test_a_later_api_on_the_same_port_starts_fresh() -> None:
 
 
 def test_processes_started_by_a_suite_that_inherited_sigint_ignored_stop_on_sigint() -> None:
-    report = [sys.executable, "-c", "import signal; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"]
+    report = [sys.executable, "-c",
+              "import signal; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"]
     before = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as `pytest &` or nohup leaves it
     try:
         assert subprocess.run(report, capture_output=True, text=True).stdout.strip() == "False"

@@ -48,8 +48,8 @@ def stand_in_runtime(folder: Path) -> Runtime:
     runtime.python.parent.mkdir(parents=True)
     runtime.python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{Path(__file__).resolve()}" "$@"\n')
     runtime.python.chmod(0o755)
-    (runtime.path / MARKER).write_text(json.dumps({"device": "cpu", "packages": packages_for("cpu"), "install_seconds": 0.0,
-                                                   "size_bytes": 0}))
+    (runtime.path / MARKER).write_text(json.dumps({"device": "cpu", "packages": packages_for("cpu"),
+                                                   "install_seconds": 0.0, "size_bytes": 0}))
     return runtime
 
 
