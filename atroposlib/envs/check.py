@@ -31,7 +31,7 @@ import yaml
 from pydantic import ValidationError
 
 from atroposlib.envs import accept, check_rules
-from atroposlib.envs.base import RESCORE_FACTS_FIELD
+from atroposlib.envs.rescore_hooks import RESCORE_FACTS_FIELD
 from atroposlib.envs.check_rules import Check, Collected
 from atroposlib.envs.cli import ConfigError, RunSettings, describe, resolve_settings
 from atroposlib.envs.sampling_stamp import stamp_group

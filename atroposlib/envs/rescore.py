@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from atroposlib.envs.base import SAVED_ITEM_FIELD, CannotRescore
+from atroposlib.envs.rescore_hooks import SAVED_ITEM_FIELD, CannotRescore
 from atroposlib.envs.cli import RunSettings
 from atroposlib.envs.tokenizer_loading import TokenizerUnavailable
 from atroposlib.frontend.jsonl2html import STYLE_PATH, _rollout_html, get_score_class

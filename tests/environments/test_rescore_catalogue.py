@@ -21,7 +21,7 @@ from typing import Any, Callable
 import pytest
 
 from atroposlib.cli.check_env import environment_class
-from atroposlib.envs.base import RESCORE_FACTS_FIELD, SAVED_ITEM_FIELD
+from atroposlib.envs.rescore_hooks import RESCORE_FACTS_FIELD, SAVED_ITEM_FIELD
 from atroposlib.envs.cli import resolve_settings
 from atroposlib.envs.runner import build_env, main
 from atroposlib.envs.server_handling.sampling_record import recording

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
-from atroposlib.envs.base import SAVED_ITEM_FIELD
+from atroposlib.envs.rescore_hooks import SAVED_ITEM_FIELD
 from atroposlib.envs.runner import main
 from tests.doc_blocks import doc_blocks
 from tests.doc_commands import command_lines
@@ -300,7 +300,7 @@ def test_the_readmes_rescore_commands_print_what_its_output_block_shows(
 def test_serve_saves_item_and_facts_in_its_jsonl_and_sends_neither(tokenizer_dir: Path, tmp_path: Path) -> None:
     """What serve sends goes through handle_send_to_api: the env's own JSONL row (data_path_to_save_groups)
     gets the item and the rescore facts; the group posted to the API gets neither."""
-    from atroposlib.envs.base import RESCORE_FACTS_FIELD
+    from atroposlib.envs.rescore_hooks import RESCORE_FACTS_FIELD
     from atroposlib.envs.server_handling.configs import ServerBaseline
 
     sent: list[Any] = []
