@@ -21,10 +21,12 @@ mkdir -p "$logs"
 : > "$logs/times.tsv"
 step() { echo "test.sh [$1/6] $2" >&2; }
 # timed NAME COMMAND...: runs COMMAND, its output in $logs/NAME.log, and records its seconds.
+# It runs as a job this shell waits for, so that a signal to the script is acted on at once.
 timed() {
     local name="$1" started=$SECONDS status=0
     shift
-    "$@" > "$logs/$name.log" 2>&1 || status=$?
+    "$@" > "$logs/$name.log" 2>&1 &
+    wait "$!" || status=$?
     printf '%s\t%s\t%s\n' "$name" "$((SECONDS - started))" "$status" >> "$logs/times.tsv"
     if [ "$status" != 0 ]; then
         echo "test.sh: $name failed (exit $status); the end of $logs/$name.log:" >&2
@@ -74,6 +76,21 @@ system_packages() {
         || echo "note: ${wanted[*]} did not install; their tests will be skipped"
 }
 
+# Whatever set-up still runs stops with this script: a script's background jobs ignore the
+# terminal's Ctrl-C, and a signal to this script alone would leave their pip processes running.
+stop_tree() {
+    local child
+    for child in $(pgrep -P "$1"); do stop_tree "$child"; done
+    kill "$1" 2>/dev/null || true
+}
+stop_set_up() {
+    local child
+    for child in $(pgrep -P $$); do stop_tree "$child"; done
+}
+trap stop_set_up EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
 reference="${ATROPOS_REFERENCE_PYTHON:-$(pwd)/.cache/refvenv/bin/python}"
 step 1 "building, side by side: the reference atroposlib venv, the transformers 4 venv, Chromium and Slurm (logs in $logs)"
 background=()
@@ -102,6 +119,8 @@ step 4 "waiting for the side-by-side set-up"
 # a reference venv or system package that did not install is a note (its tests skip, or fail in CI)
 for job in "${background[@]}"; do wait "$job" || true; done
 wait "$transformers4_job" || { echo "test.sh: the tokenizer tests failed against transformers 4 (above)" >&2; exit 1; }
+# from here on the tests run in the foreground: Ctrl-C reaches pytest itself, which stops what they started
+trap - EXIT INT TERM
 export ATROPOS_REFERENCE_PYTHON="$reference"
 export WANDB_MODE=disabled
 echo "set-up, seconds per step (side-by-side steps overlap):" >&2
