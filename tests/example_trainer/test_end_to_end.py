@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Iterator, Optional
 
@@ -27,12 +28,18 @@ pytestmark = [pytest.mark.slow, pytest.mark.real_vllm, pytest.mark.timeout(1500)
 
 
 class ServedLogprobs:
-    """Asks vLLM for the prompt logprobs of a fixed text every few seconds while training runs,
-    keeping each distinct answer: new weights being served show up as a new answer."""
+    """Asks vLLM for the prompt logprobs of a fixed text each time the trainer says vLLM serves new
+    weights ("vLLM ready", "vLLM now serves"), holding the trainer (SIGSTOP) until vLLM has answered:
+    a step takes seconds on a loaded CPU, so an unpaused probe could miss the weights of the last
+    restart. Each answer is kept in order; new weights being served show up as a new answer."""
 
-    def __init__(self, port: int, token_ids: list[int]) -> None:
+    MARKERS = re.compile(r"^(vLLM ready|step \d+: vLLM now serves)", re.MULTILINE)
+
+    def __init__(self, port: int, token_ids: list[int], trainer_log: Path) -> None:
         self.url = f"http://127.0.0.1:{port}/generate"
         self.token_ids = token_ids
+        self.trainer_log = trainer_log
+        self.trainer: Optional[subprocess.Popen[bytes]] = None
         self.seen: list[tuple[float, ...]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -44,13 +51,31 @@ class ServedLogprobs:
         except (httpx.HTTPError, ValueError):
             return None
         positions = answer.get("prompt_logprobs") or []
-        return tuple(round(next(iter(entry.values())), 3) for entry in positions if entry)
+        return tuple(round(next(iter(entry.values())), 3) for entry in positions if entry) or None
+
+    def _probe_holding_the_trainer(self, trainer: subprocess.Popen[bytes]) -> None:
+        trainer.send_signal(signal.SIGSTOP)
+        try:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and not self._stop.is_set():
+                served = self._probe()
+                if served:
+                    self.seen.append(served)
+                    return
+                time.sleep(0.5)
+        finally:
+            trainer.send_signal(signal.SIGCONT)
 
     def _run(self) -> None:
-        while not self._stop.wait(3.0):
-            served = self._probe()
-            if served and (not self.seen or self.seen[-1] != served):
-                self.seen.append(served)
+        probed = 0
+        while not self._stop.wait(0.2):
+            trainer = self.trainer
+            if trainer is None or trainer.poll() is not None or not self.trainer_log.exists():
+                continue
+            markers = len(self.MARKERS.findall(self.trainer_log.read_text(errors="replace")))
+            for _ in range(probed, markers):
+                self._probe_holding_the_trainer(trainer)
+            probed = markers
 
     def __enter__(self) -> "ServedLogprobs":
         self._thread.start()
@@ -58,7 +83,7 @@ class ServedLogprobs:
 
     def __exit__(self, *exc_info: object) -> None:
         self._stop.set()
-        self._thread.join(35)
+        self._thread.join(150)
 
 
 def processes_mentioning(*needles: str) -> list[str]:
@@ -114,8 +139,9 @@ def test_two_steps_of_grpo_restart_vllm_on_the_new_checkpoint(api: ApiProcess, r
     trainer_log, env_log = tmp_path / "trainer.log", tmp_path / "env.log"
     command = trainer_command(api, vllm_port, real_model_dir, tmp_path, "--weight-bridge-mode", "none",
                               "--vllm-restart-interval", "1")
-    with open(trainer_log, "wb") as tlog, open(env_log, "wb") as elog, ServedLogprobs(vllm_port, probe_ids) as served:
-        trainer = subprocess.Popen(command, cwd=tmp_path, stdout=tlog, stderr=subprocess.STDOUT)
+    served = ServedLogprobs(vllm_port, probe_ids, trainer_log)
+    with open(trainer_log, "wb") as tlog, open(env_log, "wb") as elog, served:
+        trainer = served.trainer = subprocess.Popen(command, cwd=tmp_path, stdout=tlog, stderr=subprocess.STDOUT)
         env = subprocess.Popen(environment_command(api, vllm_port, real_model_dir, tmp_path),
                                cwd=tmp_path, stdout=elog, stderr=subprocess.STDOUT)
         try:
@@ -132,7 +158,8 @@ def test_two_steps_of_grpo_restart_vllm_on_the_new_checkpoint(api: ApiProcess, r
     status = httpx.get(api.url + "/status").json()
     assert status["current_step"] == 2
     assert status.get("leased_batches", 0) == 0  # prefetched, untrained batches went back
-    assert len(served.seen) >= 2, f"vLLM served the same logprobs throughout: {log[-3000:]}"
+    assert len(served.seen) == 2, f"vLLM answered {len(served.seen)} of the 2 probes: {log[-3000:]}"
+    assert served.seen[0] != served.seen[1], f"vLLM served the same logprobs after the restart: {log[-3000:]}"
     assert log.count("vLLM now serves") == 1  # after step 1; the last step ends the run
     assert re.search(r"step 2 \|.*\| staleness [0-9.]+ \(max [01]\)", log), log[-3000:]  # versions 0 or 1 at step 1
     assert not processes_mentioning("vllm_api_server", str(vllm_port))
