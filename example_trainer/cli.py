@@ -15,6 +15,7 @@ from typing import Callable, Optional
 
 from pydantic import ValidationError
 
+from atroposlib.local.allocator import ALLOCATORS
 from atroposlib.local.cpu import DTYPES
 from atroposlib.local.help_format import DefaultsHelpFormatter
 from example_trainer.config import (DATA_PARALLEL, KL_REFERENCES, LOSS_TYPES, OPTIMIZERS, SCALE_REWARDS, WEIGHT_BRIDGE_MODES,
@@ -70,6 +71,9 @@ def _training_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--adafactor-relative-step", action="store_true",
                        help="Adafactor's relative_step (with --optimizer adafactor)")
     group.add_argument("--device", default=default_device(), help="torch device to train on")
+    group.add_argument("--cpu-allocator", choices=ALLOCATORS, default="auto",
+                       help="memory allocator on a CPU: the trainer starts itself again with tcmalloc preloaded "
+                            "(steps ~1.4x faster); auto: tcmalloc when installed, else the system's")
     group.add_argument("--save-path", default="trained_model_checkpoints", help="directory of the checkpoints")
     group.add_argument("--checkpoint-interval", type=int, default=3,
                        help="steps between recovery checkpoints in shared_vllm mode (0: only the final one)")

@@ -39,6 +39,7 @@ from typing import Iterable, Literal, Optional
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from atroposlib.local.allocator import Allocator
 from atroposlib.local.cpu import DTYPES, Dtype, DtypeChoice, choose_dtype, read_cpu
 from example_trainer.inference_servers import server_root
 
@@ -100,6 +101,8 @@ class TrainingConfig(BaseModel):
     adafactor_scale_parameter: bool = False
     adafactor_relative_step: bool = False
     device: str = Field(default_factory=default_device)
+    cpu_allocator: Allocator = Field("auto", description="malloc for training on a CPU: auto (tcmalloc when "
+                                                         "installed), tcmalloc (required) or system")
     save_path: str = "trained_model_checkpoints"
     checkpoint_interval: int = Field(3, description="steps between recovery checkpoints (shared_vllm); 0: final only")
     resume_from: Optional[str] = Field(None, description="checkpoint directory to continue from")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib.util
 import signal
 import sys
-from typing import Callable, Optional
+from typing import Optional
 
 
 
@@ -29,33 +29,18 @@ if _MISSING:  # the trainer extra is not installed: say how to install it rather
     raise SystemExit(f"error: atropos-grpo needs the trainer extra ({', '.join(_MISSING)} not installed): "
                      "pip install 'atroposlib[example-trainer]' (scripts/setup.sh installs torch's CPU build first)")
 
-import requests
-
+from atroposlib.local.allocator import AllocatorNotFoundError, restart_with_fast_allocator
 from atroposlib.local.signals import StopSignal, stop_signals_raise
-from atroposlib.local.vllm_service import VLLMStartError
 from example_trainer.cli import parse_config
 from example_trainer.config import TrainingConfig
-from example_trainer.distributed import DistributedError
-from example_trainer.trainers import (GpuRequiredError, RegistrationMismatchError, TrainerError, train_legacy,
-                                      train_lora, train_lora_restart, train_shared_vllm)
-from example_trainer.api import AtroposApiError
-from example_trainer.checkpointing import CheckpointError
-from example_trainer.inference_servers import InferenceServerError
-from example_trainer.vllm_manager import PortInUseError, VLLMPythonNotFoundError, VLLMRequestError
-from example_trainer.weight_sync import WeightSyncError
-
-ENTRY_POINTS: dict[str, Callable[[TrainingConfig], None]] = {
-    "shared_vllm": train_shared_vllm,
-    "lora_only": train_lora,
-    "lora_restart": train_lora_restart,
-}
-STOPPING_ERRORS = (TrainerError, WeightSyncError, InferenceServerError, VLLMStartError, PortInUseError,
-                   VLLMPythonNotFoundError, VLLMRequestError, AtroposApiError, CheckpointError,
-                   DistributedError, requests.RequestException, OSError)
 
 
 def run_training(config: TrainingConfig) -> None:
     """Run the mode's entry point, turning the ways training can end into an exit status."""
+    # torch and transformers load here, after a restart with a faster allocator (`main`)
+    from example_trainer.entry_points import (ENTRY_POINTS, STOPPING_ERRORS, GpuRequiredError,
+                                              RegistrationMismatchError, train_legacy)
+
     entry = ENTRY_POINTS.get(config.weight_bridge_mode, train_legacy)
     try:
         with stop_signals_raise():
@@ -72,7 +57,16 @@ def run_training(config: TrainingConfig) -> None:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    run_training(parse_config(argv))
+    """`atropos-grpo`: `argv` (default: the command line) parsed, then training. Run from the
+    command line on a CPU, the trainer first starts itself again with tcmalloc preloaded
+    (`atroposlib.local.allocator`); called with `argv` (from a program), it never does."""
+    config = parse_config(argv)
+    if argv is None:
+        try:
+            restart_with_fast_allocator(config.cpu_allocator, config.device)
+        except AllocatorNotFoundError as exc:
+            sys.exit(f"error: {exc}")
+    run_training(config)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from typing import Any, Iterator, Optional
 import torch
 import transformers
 
+from atroposlib.local.allocator import describe_allocator
 from atroposlib.policy_version import staleness
 from example_trainer import distributed
 from example_trainer.api import AtroposApiError, BatchFeed, check_atropos_api, register_trainer
@@ -347,6 +348,7 @@ def announce(config: TrainingConfig, ranks: Ranks = Ranks()) -> None:
     precision = precision_for(config, ranks.world_size).describe()
     print(f"GRPO trainer: {config.model_name}, mode {config.weight_bridge_mode}, {config.training_steps} steps "
           f"on {config.device}{processes}\n  dtype: {precision} ({dtype.reason})\n"
+          f"  memory allocator: {describe_allocator(config.cpu_allocator, config.device)}\n"
           f"  checkpoints: {config.save_path}, {vllm}")
 
 

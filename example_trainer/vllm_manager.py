@@ -164,7 +164,8 @@ class TrainerVLLM:
                            max_model_len=self.config.max_model_len,
                            extra_args=("--policy-version", str(policy_version), *self._lora_args(adapter)),
                            log_path=self.log_path, dtype=self.dtype.dtype, python=self.python,
-                           entrypoint=(str(SERVER_SCRIPT),), environ=environ)
+                           entrypoint=(str(SERVER_SCRIPT),), environ=environ,
+                           allocator=self.config.cpu_allocator)
         if server.gpu:
             # on a CPU this flag would reserve that fraction of RAM for vLLM's KV cache
             server.extra_args += ("--gpu-memory-utilization", str(self.config.vllm_gpu_memory_utilization))

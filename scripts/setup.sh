@@ -7,6 +7,18 @@ source scripts/venv_stamp.sh
 extras="${EXTRAS:-dev}"
 # reused as it is while pyproject.toml, this script, the extras and the torch version are unchanged
 key="$(inputs_hash pyproject.toml scripts/setup.sh)-${extras}"
+
+# tcmalloc makes CPU training steps ~1.4x faster (atroposlib/local/allocator.py): installed where root can
+if ! python3 -c "import ctypes.util, sys; sys.exit(not ctypes.util.find_library('tcmalloc_minimal'))"; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        apt_get() { DEBIAN_FRONTEND=noninteractive apt-get -q -o DPkg::Lock::Timeout=600 "$@" >/dev/null; }
+        apt_get install -y --no-install-recommends libtcmalloc-minimal4 \
+            || { apt_get update && apt_get install -y --no-install-recommends libtcmalloc-minimal4; } \
+            || echo "note: libtcmalloc-minimal4 did not install: training uses the system allocator"
+    else
+        echo "note: libtcmalloc-minimal4 (apt) or gperftools (conda) makes CPU training steps ~1.4x faster"
+    fi
+fi
 if stamp_holds .venv "$key"; then
     echo "atroposlib already installed in $(pwd)/.venv (extras: ${extras}; its inputs are unchanged)"
     exit 0

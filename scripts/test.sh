@@ -60,19 +60,24 @@ transformers4_tests() {
 }
 
 # The browser tests (generated HTML, the Gradio viewer) drive the system Chromium and the
-# Slurm tests start a one-node cluster from Debian's slurm-wlm: installed here when missing.
+# Slurm tests start a one-node cluster from Debian's slurm-wlm; the trainer preloads tcmalloc
+# (setup.sh installs it too): installed here when missing.
 system_packages() {
     local wanted=()
     [ -x "${ATROPOS_CHROMIUM:-/usr/bin/chromium}" ] || wanted+=(chromium)
     command -v slurmctld >/dev/null || wanted+=(slurm-wlm)
-    if [ "${#wanted[@]}" = 0 ]; then echo "Chromium and Slurm are there"; return; fi
+    python3 -c "import ctypes.util, sys; sys.exit(not ctypes.util.find_library('tcmalloc_minimal'))" \
+        || wanted+=(libtcmalloc-minimal4)
+    if [ "${#wanted[@]}" = 0 ]; then echo "Chromium, Slurm and tcmalloc are there"; return; fi
     if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
         echo "no root or no apt-get: install ${wanted[*]} yourself, or their tests are skipped"
         return
     fi
     export DEBIAN_FRONTEND=noninteractive
-    apt-get install -y -q --no-install-recommends "${wanted[@]}" \
-        || { apt-get update -q && apt-get install -y -q --no-install-recommends "${wanted[@]}"; } \
+    # setup.sh may be installing tcmalloc at the same time: wait for dpkg's lock
+    local apt=(apt-get -q -o DPkg::Lock::Timeout=600)
+    "${apt[@]}" install -y --no-install-recommends "${wanted[@]}" \
+        || { "${apt[@]}" update && "${apt[@]}" install -y --no-install-recommends "${wanted[@]}"; } \
         || echo "note: ${wanted[*]} did not install; their tests will be skipped"
 }
 

@@ -38,6 +38,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import httpx
 
+from atroposlib.local.allocator import Allocator, find_library, with_fast_allocator
 from atroposlib.local.cpu import DTYPES, Dtype, DtypeChoice, choose_dtype, read_cpu
 from atroposlib.local.help_format import DefaultsHelpFormatter
 from atroposlib.local.paths import atropos_home
@@ -100,14 +101,16 @@ class LocalVLLM:
     choice and the reason for it are in `self.dtype`. `python` runs the server instead of
     the runtime's interpreter (any python where vLLM imports), `entrypoint` names the
     program (``-m module`` or a script path), `environ` adds to the server's environment
-    and `enforce_eager=False` lets vLLM compile graphs (slower starts, faster on a GPU).
+    and `enforce_eager=False` lets vLLM compile graphs (slower starts, faster on a GPU). On a
+    CPU the server gets `allocator` preloaded where one is installed, as vLLM advises
+    (`atroposlib.local.allocator`; ``system``: glibc's).
     """
 
     def __init__(self, model_dir: Path, port: Optional[int] = None, served_name: str = DEFAULT_SERVED_NAME,
                  max_model_len: int = 2048, runtime: Optional[Runtime] = None, extra_args: tuple[str, ...] = (),
                  log_path: Optional[Path] = None, dtype: Dtype = "auto", *, python: Optional[Path] = None,
                  entrypoint: Sequence[str] = STOCK_ENTRYPOINT, environ: Optional[Mapping[str, str]] = None,
-                 enforce_eager: bool = True) -> None:
+                 enforce_eager: bool = True, allocator: Allocator = "auto") -> None:
         self.model_dir = Path(model_dir)
         self.port = port or free_port()
         self.served_name = served_name
@@ -119,6 +122,7 @@ class LocalVLLM:
         self.entrypoint = tuple(entrypoint)
         self.environ = dict(environ or {})
         self.enforce_eager = enforce_eager
+        self.allocator = allocator
         self.process: Optional[subprocess.Popen[bytes]] = None
         self._stopped = False
         self.gpu = self._on_gpu()
@@ -160,6 +164,8 @@ class LocalVLLM:
             # 64 sequences in memory at once
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2" if self.dtype.dtype == "float32" else "1")
             env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{cores - 1}")
+            if self.allocator != "system":
+                env = with_fast_allocator(env, find_library())
         return env
 
     def start(self, timeout: float = 300.0) -> "LocalVLLM":

@@ -176,6 +176,7 @@ EVERY_FLAG = [
     (["--world-size", "2"], "world_size", 2),
     (["--trainer-rank", "1"], "trainer_rank", 1),
     (["--init-method", "tcp://h:1"], "init_method", "tcp://h:1"),
+    (["--cpu-allocator", "system"], "cpu_allocator", "system"),
 ]
 
 

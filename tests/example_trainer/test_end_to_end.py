@@ -18,6 +18,7 @@ from typing import Iterator, Optional
 import httpx
 import pytest
 
+from atroposlib.local.allocator import find_library
 from tests.doc_commands import readme_arguments
 from tests.helpers import ApiProcess, free_port
 
@@ -163,3 +164,6 @@ def test_two_steps_of_grpo_restart_vllm_on_the_new_checkpoint(api: ApiProcess, r
     assert log.count("vLLM now serves") == 1  # after step 1; the last step ends the run
     assert re.search(r"step 2 \|.*\| staleness [0-9.]+ \(max [01]\)", log), log[-3000:]  # versions 0 or 1 at step 1
     assert not processes_mentioning("vllm_api_server", str(vllm_port))
+    if find_library():  # the command line restarted the trainer with it, and its vLLM inherited it
+        assert "memory allocator: tcmalloc" in log, log[:2000]
+        assert "libtcmalloc is not found" not in (tmp_path / "logs" / "vllm.log").read_text(errors="replace")
