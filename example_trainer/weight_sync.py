@@ -65,9 +65,9 @@ class WeightSync(ABC):
 
     @contextmanager
     def training(self) -> Iterator[None]:
-        """Around each training step: with ``vllm_pause_during_train`` (the default on a CPU,
-        where vLLM and the trainer share the cores), the trainer's own vLLM freezes its
-        requests while the step runs and goes on with them after."""
+        """Around each training step and the writing of its checkpoint: with
+        ``vllm_pause_during_train`` (the default on a CPU, where vLLM and the trainer share the
+        cores), the trainer's own vLLM freezes its requests meanwhile and goes on with them after."""
         pause = (self.config.pauses_vllm_during_train and self.can_pause and self.vllm is not None
                  and self.vllm.is_running())
         if pause:

@@ -267,6 +267,7 @@ def test_the_gpu_smoke_passes_on_a_cpu(tmp_path: Path) -> None:
     pytest.param("bench-train-step", ".venv/bin/python bench/train_step.py", id="bench-train-step"),
     pytest.param("bench-train-step-race-shape", ".venv/bin/python bench/train_step.py",
                  id="bench-train-step-race-shape"),
+    pytest.param("bench-allocator", ".venv/bin/python bench/allocator.py", id="bench-allocator"),
 ])
 def test_the_long_benchmark_knows_every_flag_of_its_command(name: str, start: str, tmp_path: Path) -> None:
     words = command("README.md", name, start, variables={"PWD": str(ROOT)})
