@@ -5,7 +5,9 @@ once. It needs neither Modal nor Docker. Each call starts one sandbox (a supervi
 in fresh namespaces with a throwaway working directory); each input is then run by a
 fresh process forked from the supervisor, which confines itself before any of the
 program runs, and the supervisor reports how it ended: a `RunResult` (stdout, stderr, exit
-code, and a `status` naming the limit that stopped it, if any). Each run gets:
+code, and a `status` naming the limit that stopped it, if any). The runs' clocks start once the
+supervisor says it is ready, so a slow start on a loaded machine costs no run its limits. Each
+run gets:
 
 =====================  =====================================================================
 wall-clock timeout     `SandboxLimits.timeout` seconds (15) per run: then the run's whole
@@ -92,6 +94,9 @@ STATUSES = ("ok", "error", "timeout", "cpu_limit", "memory_limit", "file_size_li
             "output_limit", "network_refused", "write_refused", "process_refused", "ctypes_refused")
 MARKER = "[sandbox]"
 # Modules the supervisor imports once, so that each run (a fork) starts with them loaded.
+SUPERVISOR_START_TIMEOUT = 120.0  # seconds for a supervisor to say it is ready
+READY = b'{"ready": true}'  # the supervisor's first line
+ANSWER_MARGIN = 30.0  # seconds past a run's timeout for the supervisor to answer, else the sandbox failed
 PRELOAD = ["string", "re", "datetime", "collections", "heapq", "bisect", "copy", "math", "random", "statistics",
            "itertools", "functools", "operator", "io", "json", "typing", "decimal", "fractions", "traceback"]
 
@@ -410,12 +415,14 @@ def _one(data):
 
 requests = os.fdopen(0, "rb", closefd=False)
 answers = os.fdopen(1, "wb", closefd=False)
+answers.write(READY + b"\n")
+answers.flush()
 for line in requests:
     request = json.loads(line)
     answer = _one(request["stdin"].encode("utf-8", "surrogateescape"))
     answers.write(json.dumps(answer).encode() + b"\n")
     answers.flush()
-""".replace("MARKER", repr(MARKER))
+""".replace("MARKER", repr(MARKER)).replace("READY", repr(READY))
 
 
 def _reachable_by_others(path: str) -> bool:
@@ -570,6 +577,9 @@ class LocalSandbox:
                         complaints.extend(chunk)
 
             stderr_task = asyncio.ensure_future(collect_stderr())
+            failed_start = await self._started(proc, complaints)
+            if failed_start is not None:
+                return [failed_start]
             for index, stdin in enumerate(stdins):
                 result = await self._ask(proc, stdin, complaints)
                 results.append(result)
@@ -592,13 +602,33 @@ class LocalSandbox:
                 await proc.wait()
             shutil.rmtree(work, ignore_errors=True)
 
+    async def _started(self, proc: Any, complaints: bytearray) -> Optional[RunResult]:
+        """None once the supervisor says it is ready, else the failed run that says why.
+
+        Its start (an interpreter, the namespaces, the preloaded modules) can take many seconds
+        on a loaded machine: it is waited for apart from the runs, so that no run's time limit
+        or answer deadline is spent on it."""
+        started = time.monotonic()
+        try:
+            line = await asyncio.wait_for(proc.stdout.readline(), SUPERVISOR_START_TIMEOUT)
+            problem = "it ended" if not line else f"it said {line[:200]!r}"
+        except (asyncio.TimeoutError, ValueError, OSError, asyncio.LimitOverrunError) as exc:
+            line, problem = b"", repr(exc)
+        if line.strip() == READY:
+            return None
+        _kill_group(proc.pid)
+        await asyncio.sleep(0.05)
+        detail = bytes(complaints).decode("utf-8", "replace")
+        return RunResult("", f"the sandbox did not start ({problem}): {detail}", None, "error",
+                         time.monotonic() - started)
+
     async def _ask(self, proc: Any, stdin: str, complaints: bytearray) -> RunResult:
         """One run: a request to the supervisor, its answer as a RunResult."""
         started = time.monotonic()
         try:
             proc.stdin.write(json.dumps({"stdin": stdin}).encode() + b"\n")
             await proc.stdin.drain()
-            line = await asyncio.wait_for(proc.stdout.readline(), self.limits.timeout + 30)
+            line = await asyncio.wait_for(proc.stdout.readline(), self.limits.timeout + ANSWER_MARGIN)
             answer = json.loads(line)
         except (asyncio.TimeoutError, ValueError, OSError, asyncio.LimitOverrunError) as exc:
             _kill_group(proc.pid)

@@ -13,6 +13,7 @@ import asyncio
 import http.server
 import json
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -29,6 +30,7 @@ from tests.environments.scripted_inference import ScriptedInference
 
 sys.path.insert(0, str(ENVIRONMENTS / "code_execution_server"))
 from code_grading import FlaskRunner, grade, passed, stdout_matches  # noqa: E402
+import code_sandbox  # noqa: E402
 from code_sandbox import LocalSandbox, SandboxLimits  # noqa: E402
 
 SCRIPT = "code_execution_server/coding_server.py"
@@ -198,9 +200,9 @@ def test_grading_codes(tmp_path: Path) -> None:
 
     ok, wrong, crash, slow, exits, call, nested_tuple, he_ok, he_bad = asyncio.run(main())
     assert ok[0] == [True, True] and passed(ok[0])
-    assert wrong[0] == [-2] and "Wrong answer" in wrong[1]["error_message"]
-    assert crash[0] == [-4] and "SystemError" in crash[1]["error"]
-    assert slow[0] == [-3] and slow[1]["error_message"] == "Time Limit Exceeded"
+    assert wrong[0] == [-2] and "Wrong answer" in wrong[1]["error_message"], wrong
+    assert crash[0] == [-4] and "SystemError" in crash[1]["error"], crash
+    assert slow[0] == [-3] and slow[1]["error_message"] == "Time Limit Exceeded", slow
     assert exits[0] == [True, True]  # exiting after printing the answer still counts (as on Atropos's grader)
     assert call[0] == [True]  # a tuple result counts as a list; the solution's prints do not matter
     assert nested_tuple[0] == [-2]  # only the outermost tuple becomes a list
@@ -296,6 +298,26 @@ def test_sleeping_forever_hits_the_wall_clock_timeout() -> None:
     _, result = run("import time\ntime.sleep(600)", timeout=1.5)
     assert result.status == "timeout"
     assert result.duration < 10
+
+
+def test_a_slow_supervisor_start_costs_no_run_its_limits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A loaded machine may take seconds to start the sandbox: the runs' clocks start after it."""
+    monkeypatch.setattr(code_sandbox, "ANSWER_MARGIN", 0.5)
+    slow_python = tmp_path / "slow-python"
+    slow_python.write_text(f"#!/bin/sh\nsleep 2\nexec {shlex.quote(sys.executable)} \"$@\"\n")
+    slow_python.chmod(0o755)
+    box = LocalSandbox(SandboxLimits(timeout=1, cpu_seconds=1), python=str(slow_python), isolation="none")
+    result = asyncio.run(box.run("print(input()[::-1])", "abc\n"))
+    assert result.status == "ok" and result.stdout == "cba\n", result.stderr
+
+
+def test_a_sandbox_that_does_not_start_says_so(tmp_path: Path) -> None:
+    not_python = tmp_path / "not-python"
+    not_python.write_text("#!/bin/sh\necho 'no supervisor here'\necho 'complaint' >&2\n")
+    not_python.chmod(0o755)
+    result = asyncio.run(LocalSandbox(python=str(not_python), isolation="none").run("print(1)"))
+    assert result.status == "error" and result.returncode is None
+    assert "the sandbox did not start (it said b'no supervisor here" in result.stderr, result.stderr
 
 
 def test_fork_bomb_hits_the_process_limit() -> None:
