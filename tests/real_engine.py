@@ -6,21 +6,27 @@ once, in tests/conftest.py, so every directory's tests share one engine.
 
 A slow start must not fail every test that shares the engine: the start waits longer on a
 machine with fewer or busier cores (`start_timeout`), and a start that fails is tried once
-more, with a line on the terminal that says why (`start_with_one_retry`).
+more, with a line on the terminal that says why (`start_with_one_retry`). The trainer's
+bundled server, shared by the trainer's tests (tests/example_trainer/conftest.py), starts the
+same way.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Callable, Iterator, Optional, Protocol, TypeVar
 
 import pytest
 
 from atroposlib.local.prepare_model import prepare_model
 from atroposlib.local.runtime import Runtime
 from atroposlib.local.vllm_service import LocalVLLM, VLLMStartError
+
+if TYPE_CHECKING:
+    from example_trainer.vllm_manager import TrainerVLLM
 
 ROOT = Path(__file__).resolve().parent.parent
 # Seconds the engine gets to start on 4 or more idle cores (it takes ~40 s on 2 idle cores).
@@ -38,8 +44,18 @@ def start_timeout(cores: Optional[int] = None, load: Optional[float] = None) -> 
     return min(BASE_START_TIMEOUT * stretch, MAX_START_TIMEOUT)
 
 
-def start_with_one_retry(make_server: Callable[[], LocalVLLM], timeout: float,
-                         say: Callable[[str], None]) -> LocalVLLM:
+Started = TypeVar("Started", covariant=True)
+
+
+class Startable(Protocol[Started]):
+    """A server not started yet: `start` waits up to `timeout` seconds for it to answer, and
+    raises `VLLMStartError` (leaving nothing running) when it does not."""
+
+    def start(self, timeout: float) -> Started: ...
+
+
+def start_with_one_retry(make_server: Callable[[], Startable[Started]], timeout: float,
+                         say: Callable[[str], None]) -> Started:
     """A started server from `make_server`; a start that fails (`VLLMStartError`: too slow, or
     the process died) is tried once more on a fresh server with twice the time, after `say`
     names the reason. A second failure raises, naming both."""
@@ -54,7 +70,19 @@ def start_with_one_retry(make_server: Callable[[], LocalVLLM], timeout: float,
             raise VLLMStartError(f"the real vLLM engine did not start twice: first {reason}, then {second}") from None
 
 
-def _to_terminal(line: str) -> None:
+@dataclass
+class BundledServerStart:
+    """The trainer's bundled server (`TrainerVLLM`) on `model`, as `start_with_one_retry` starts servers."""
+
+    manager: TrainerVLLM
+    model: str
+
+    def start(self, timeout: float) -> TrainerVLLM:
+        self.manager.start(self.model, timeout=timeout)
+        return self.manager
+
+
+def to_terminal(line: str) -> None:
     """Past pytest's output capture, so the line shows while the suite runs."""
     print(f"\n{line}", file=sys.__stderr__, flush=True)
 
@@ -78,7 +106,7 @@ def real_vllm(real_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
     runtime = installed_runtime()
     server = start_with_one_retry(
         lambda: LocalVLLM(real_model_dir, runtime=runtime, log_path=log_path, dtype="float32"),
-        start_timeout(), _to_terminal)
+        start_timeout(), to_terminal)
     try:
         yield server
     finally:

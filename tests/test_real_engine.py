@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from atroposlib.local.vllm_service import VLLMStartError
-from tests.real_engine import BASE_START_TIMEOUT, MAX_START_TIMEOUT, start_timeout, start_with_one_retry
+from tests.real_engine import (BASE_START_TIMEOUT, MAX_START_TIMEOUT, BundledServerStart, start_timeout,
+                               start_with_one_retry)
 
 
 class StandInServer:
@@ -64,3 +65,20 @@ def test_two_failed_starts_raise_naming_both() -> None:
     _, make = servers("vLLM did not answer within 300 s", "vLLM exited with code 1")
     with pytest.raises(VLLMStartError, match="first vLLM did not answer within 300 s, then vLLM exited with code 1"):
         start_with_one_retry(make, 300.0, lambda line: None)
+
+
+def test_the_trainers_bundled_server_gets_the_same_one_retry() -> None:
+    class Manager:
+        def __init__(self) -> None:
+            self.starts: list[tuple[str, float]] = []
+
+        def start(self, model: str, timeout: float) -> None:
+            self.starts.append((model, timeout))
+            if len(self.starts) == 1:
+                raise VLLMStartError("vLLM exited with code 1; last log lines:\nINFO loading weights")
+
+    manager = Manager()
+    said: list[str] = []
+    assert start_with_one_retry(lambda: BundledServerStart(manager, "model"), 300.0, said.append) is manager
+    assert manager.starts == [("model", 300.0), ("model", 600.0)]
+    assert said == ["the real vLLM engine did not start (vLLM exited with code 1): trying once more, with 600 s"]

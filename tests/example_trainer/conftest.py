@@ -13,7 +13,7 @@ from example_trainer.config import TrainingConfig
 from example_trainer.vllm_manager import TrainerVLLM
 from tests.example_trainer.tiny_model import build_tiny_model
 from tests.helpers import ApiProcess, free_port
-from tests.real_engine import installed_runtime
+from tests.real_engine import BundledServerStart, installed_runtime, start_timeout, start_with_one_retry, to_terminal
 
 
 @pytest.fixture(scope="module")
@@ -32,5 +32,5 @@ def served(real_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
     config = TrainingConfig(model_name="smollm2", dtype="float32", vllm_port=free_port(), max_model_len=1024,
                             vllm_python=str(installed_runtime().python))
     with TrainerVLLM(config, tmp_path_factory.mktemp("vllm") / "vllm.log") as manager:
-        manager.start(str(real_model_dir))
+        start_with_one_retry(lambda: BundledServerStart(manager, str(real_model_dir)), start_timeout(), to_terminal)
         yield manager
