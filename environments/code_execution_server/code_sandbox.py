@@ -93,10 +93,10 @@ from typing import Any, Callable, Optional, Protocol
 STATUSES = ("ok", "error", "timeout", "cpu_limit", "memory_limit", "file_size_limit", "process_limit",
             "output_limit", "network_refused", "write_refused", "process_refused", "ctypes_refused")
 MARKER = "[sandbox]"
-# Modules the supervisor imports once, so that each run (a fork) starts with them loaded.
 SUPERVISOR_START_TIMEOUT = 120.0  # seconds for a supervisor to say it is ready
 READY = b'{"ready": true}'  # the supervisor's first line
 ANSWER_MARGIN = 30.0  # seconds past a run's timeout for the supervisor to answer, else the sandbox failed
+# Modules the supervisor imports once, so that each run (a fork) starts with them loaded.
 PRELOAD = ["string", "re", "datetime", "collections", "heapq", "bisect", "copy", "math", "random", "statistics",
            "itertools", "functools", "operator", "io", "json", "typing", "decimal", "fractions", "traceback"]
 
@@ -616,11 +616,7 @@ class LocalSandbox:
             line, problem = b"", repr(exc)
         if line.strip() == READY:
             return None
-        _kill_group(proc.pid)
-        await asyncio.sleep(0.05)
-        detail = bytes(complaints).decode("utf-8", "replace")
-        return RunResult("", f"the sandbox did not start ({problem}): {detail}", None, "error",
-                         time.monotonic() - started)
+        return await _sandbox_failed(proc, complaints, f"the sandbox did not start ({problem})", started)
 
     async def _ask(self, proc: Any, stdin: str, complaints: bytearray) -> RunResult:
         """One run: a request to the supervisor, its answer as a RunResult."""
@@ -631,13 +627,18 @@ class LocalSandbox:
             line = await asyncio.wait_for(proc.stdout.readline(), self.limits.timeout + ANSWER_MARGIN)
             answer = json.loads(line)
         except (asyncio.TimeoutError, ValueError, OSError, asyncio.LimitOverrunError) as exc:
-            _kill_group(proc.pid)
-            await asyncio.sleep(0.05)
-            detail = bytes(complaints).decode("utf-8", "replace")
-            return RunResult("", f"the sandbox failed ({exc!r}): {detail}", None, "error", time.monotonic() - started)
+            return await _sandbox_failed(proc, complaints, f"the sandbox failed ({exc!r})", started)
         stderr = answer["stderr"]
         status = _status(answer["returncode"], stderr, answer["timed_out"], answer["overflow"], answer["cpu_limit"])
         return RunResult(answer["stdout"], stderr, answer["returncode"], status, answer["duration"], _refusals(stderr))
+
+
+async def _sandbox_failed(proc: Any, complaints: bytearray, what: str, started: float) -> RunResult:
+    """Ends a supervisor that failed; the run that says `what` went wrong, with its complaints."""
+    _kill_group(proc.pid)
+    await asyncio.sleep(0.05)
+    detail = bytes(complaints).decode("utf-8", "replace")
+    return RunResult("", f"{what}: {detail}", None, "error", time.monotonic() - started)
 
 
 def _kill_group(pgid: int) -> None:
