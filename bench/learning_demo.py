@@ -110,7 +110,7 @@ def processes(args: argparse.Namespace, model: Path, work: Path) -> dict[str, li
             "--env.steps_per_eval", "1000000", *task_flags(args), "--env.seed", str(args.seed),
             "--env.ensure_scores_are_not_same", str(args.all_alike == "drop").lower(), "--openai.server_type", "vllm",
             "--openai.base_url", f"http://127.0.0.1:{vllm_port}/v1", "--openai.model_name", str(model),
-            "--openai.tokenizer_name", str(model), "--openai.api_key", "x"],
+            "--openai.tokenizer_name", str(model), "--openai.api_key", "x", *args.env_flag],
     }
 
 
@@ -317,6 +317,8 @@ def main() -> None:
                              "trained on (advantage 0, as TRL does)")
     parser.add_argument("--trainer-flag", action="append", default=[],
                         help="extra atropos-grpo flag, e.g. --trainer-flag=--loss-type=dapo (repeatable)")
+    parser.add_argument("--env-flag", action="append", default=[],
+                        help="extra environment flag, e.g. --env-flag=--env.max_batches_offpolicy=1 (repeatable)")
     parser.add_argument("--png", type=Path, default=ROOT / "docs" / "images" / "learning_demo.png")
     parser.add_argument("--json", type=Path, default=ROOT / "docs" / "results" / "learning_demo.json")
     parser.add_argument("--keep", type=Path, default=None, help="keep the run's folder (checkpoints, logs) here")

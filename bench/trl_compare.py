@@ -122,10 +122,13 @@ def stored_run(path: Path, args: argparse.Namespace, seed: int, cpu: str) -> Opt
         return None
     run = json.loads(path.read_text())
     wanted = {name: getattr(args, name) for name in SHARED} | {"seed": seed}
-    if "trainer_flag" in run["settings"]:  # this project's runs: its own knobs must match too
-        wanted |= {"sync_every": args.ours_sync_every, "trainer_flag": args.ours_trainer_flag}
-    differing = {name: run["settings"].get(name) for name, value in wanted.items()
-                 if run["settings"].get(name) != value}
+    settings = run["settings"]
+    if "trainer_flag" in settings:  # this project's runs: its own knobs must match too (runs from before
+        # environment flags existed had none)
+        settings = {"env_flag": []} | settings
+        wanted |= {"sync_every": args.ours_sync_every, "trainer_flag": args.ours_trainer_flag,
+                   "env_flag": args.ours_env_flag}
+    differing = {name: settings.get(name) for name, value in wanted.items() if settings.get(name) != value}
     if run["cpu"] != cpu or differing:
         print(f"{path.name} was made {'on ' + run['cpu'] if run['cpu'] != cpu else 'with ' + str(differing)}: "
               "running it again", flush=True)
@@ -139,7 +142,8 @@ def run_ours(args: argparse.Namespace, side: str, seed: int, path: Path) -> None
                "--all-alike", side.split("-", 1)[1], "--sync-every", str(args.ours_sync_every),
                "--json", str(path), "--png", str(path.with_suffix(".png")),
                *(f"--{name.replace('_', '-')}={getattr(args, name)}" for name in SHARED),
-               *(f"--trainer-flag={flag}" for flag in args.ours_trainer_flag)]
+               *(f"--trainer-flag={flag}" for flag in args.ours_trainer_flag),
+               *(f"--env-flag={flag}" for flag in args.ours_env_flag)]
     subprocess.run(command, check=True)
 
 
@@ -234,7 +238,8 @@ def report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]]) -> d
     result: dict[str, Any] = {"cpu": first["cpu"], "cores": first["cores"],
                               "settings": {name: getattr(args, name) for name in SHARED} | {
                                   "ours_sync_every": args.ours_sync_every,
-                                  "ours_trainer_flags": args.ours_trainer_flag},
+                                  "ours_trainer_flags": args.ours_trainer_flag,
+                                  "ours_env_flags": args.ours_env_flag},
                               "sides": sides}
     if "trl" not in sides:
         return result
@@ -347,6 +352,9 @@ def main() -> None:
     parser.add_argument("--ours-sync-every", type=int, default=1, help="this project's steps between weight syncs")
     parser.add_argument("--ours-trainer-flag", action="append", default=[],
                         help="an extra atropos-grpo flag for this project's runs (repeatable)")
+    parser.add_argument("--ours-env-flag", action="append", default=[],
+                        help="an extra flag of this project's environment (repeatable), e.g. "
+                             "--ours-env-flag=--env.max_batches_offpolicy=1")
     parser.add_argument("--trl-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)

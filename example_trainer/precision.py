@@ -9,7 +9,8 @@ moments in float32 (the *master* copy) and runs the forward and backward passes 
 instructions), as TRL (Hugging Face Trainer) and verl do:
 
 * one process and DDP: ``torch.autocast`` around each forward pass; matrix multiplies run in
-  bfloat16 on bfloat16 copies of the weights, gradients arrive in float32;
+  bfloat16 on bfloat16 copies of the weights, made once per step and shared by its
+  micro-batches, and gradients arrive in float32;
 * FSDP2: its own policy (``MixedPrecisionPolicy``): float32 shards, gathered in bfloat16
   for compute, gradients reduced in float32;
 * LoRA: the frozen base model is loaded in the compute dtype (it never changes, so nothing
@@ -68,6 +69,16 @@ class Precision:
         if not self.mixed or self.sharded:
             return nullcontext()
         return torch.autocast(device_type=self.device_type, dtype=self.compute)
+
+    def casts_kept(self) -> AbstractContextManager[Any]:
+        """The context all of a step's passes run in: the weights' casts to the compute dtype
+        that autocast makes in the first forward are reused by the step's other micro-batches
+        (autocast keeps them until its outermost context ends) instead of being made again in
+        each; itself autocast turned off, so backward passes still run outside autocast. The
+        optimizer step must come after it: the kept casts are of the weights before the step."""
+        if not self.mixed or self.sharded:
+            return nullcontext()
+        return torch.autocast(device_type=self.device_type, dtype=self.compute, enabled=False)
 
     def grad_scaler(self) -> Optional[torch.amp.GradScaler]:
         """A loss scaler for float16 compute (its gradients underflow without one); None otherwise."""

@@ -294,21 +294,22 @@ def run_training_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, 
     precision = precision_for(config, ranks.world_size)
     loss_sum, stats = 0.0, MicroStats()
     passes = max(1, int(max_float(len(batch.micro_batches), ranks)))
-    for index in range(passes):
-        with _gradient_sync(model, last=index == passes - 1):
-            if index >= len(batch.micro_batches):
-                _idle_pass(model, precision)
-                continue
-            with precision.autocast():
-                loss, micro_stats = micro_batch_loss(model, batch.micro_batches[index].to(config.device), settings,
-                                                     totals, missing_logprobs=config.missing_logprobs,
-                                                     match_truncation=config.match_sampler_truncation,
-                                                     reference=reference)
-            # data parallelism averages the ranks' gradients; the step's loss is their sum
-            summed = loss * ranks.world_size
-            (summed if scaler is None else scaler.scale(summed)).backward()
-        loss_sum += float(loss.detach())
-        stats.add(micro_stats)
+    with precision.casts_kept():
+        for index in range(passes):
+            with _gradient_sync(model, last=index == passes - 1):
+                if index >= len(batch.micro_batches):
+                    _idle_pass(model, precision)
+                    continue
+                with precision.autocast():
+                    loss, micro_stats = micro_batch_loss(model, batch.micro_batches[index].to(config.device),
+                                                         settings, totals, missing_logprobs=config.missing_logprobs,
+                                                         match_truncation=config.match_sampler_truncation,
+                                                         reference=reference)
+                # data parallelism averages the ranks' gradients; the step's loss is their sum
+                summed = loss * ranks.world_size
+                (summed if scaler is None else scaler.scale(summed)).backward()
+            loss_sum += float(loss.detach())
+            stats.add(micro_stats)
     stats, loss_sum = _all_ranks(stats, loss_sum, ranks)
     grad_norm, stepped = _optimizer_step(model, optimizer, scaler, loss_sum)
     if not stepped and ranks.is_main:

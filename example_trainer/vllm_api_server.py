@@ -17,7 +17,10 @@ answers of Atropos's bundled server:
   gets 499 and its request is aborted.
 - ``POST /reload_weights {"weights_path": DIR, "policy_version": N}``: new weights of the
   same architecture, in place: requests in flight finish on the old weights, the next ones
-  wait and then see only the new (the trainer's ``reload`` weight-bridge mode). A tied LM
+  wait and then see only the new (the trainer's ``reload`` weight-bridge mode). On a server
+  frozen by ``/bridge/pause?mode=keep`` nothing is drained: it is reloaded frozen and stays
+  so, and its frozen requests go on after ``/bridge/resume`` with the new weights, their
+  tokens so far recomputed on them (an in-flight weight update, as PipelineRL's). A tied LM
   head gets the new embedding too (atroposlib's ``vllm_plugins/atropos_worker.py``, loaded
   into vLLM's workers: vLLM's own reload keeps the old head).
 - ``/lora/status``, ``/lora/load``, ``/lora/unload``: the adapter later ``/generate`` (and
@@ -294,12 +297,17 @@ async def reload_weights(request: ReloadRequest) -> ReloadResponse:
         raise HTTPException(status_code=404, detail=f"no weights folder at {request.weights_path}")
     started = time.monotonic()
     async with _reload_lock:
-        # "wait": requests in flight finish on the weights they started with, new ones queue
-        await running.pause_generation(mode="wait", clear_cache=False)
+        # a server its caller froze (`/bridge/pause?mode=keep`) stays frozen and is reloaded as it is;
+        # otherwise "wait": requests in flight finish on the weights they started with, new ones queue
+        frozen = await running.is_paused()
+        if not frozen:
+            await running.pause_generation(mode="wait", clear_cache=False)
         try:
             # `atropos_worker`: a tied LM head gets the new embedding, which vLLM's own reload leaves out
             await running.collective_rpc("reload_weights_keeping_ties", kwargs={"weights_path": request.weights_path})
-            await running.reset_prefix_cache()  # cached prefixes were computed with the old weights
+            # cached prefixes were computed with the old weights; a frozen request gives its cache back too
+            # and recomputes it on the new weights when it goes on
+            await running.reset_prefix_cache(reset_running_requests=frozen)
             # before generation resumes: no request can arrive on the new weights and see the old version
             state.reload_count += 1
             state.policy_version = state.policy_version + 1 if request.policy_version is None \
@@ -308,7 +316,8 @@ async def reload_weights(request: ReloadRequest) -> ReloadResponse:
         except Exception as exc:
             raise HTTPException(status_code=500, detail=f"reload failed: {exc}") from exc
         finally:
-            await running.resume_generation()
+            if not frozen:
+                await running.resume_generation()
     return ReloadResponse(status="ok", seconds=time.monotonic() - started)
 
 

@@ -65,9 +65,10 @@ class WeightSync(ABC):
 
     @contextmanager
     def training(self) -> Iterator[None]:
-        """Around each training step and the writing of its checkpoint: with
+        """Around each training step, the writing of its checkpoint and `publish`: with
         ``vllm_pause_during_train`` (the default on a CPU, where vLLM and the trainer share the
-        cores), the trainer's own vLLM freezes its requests meanwhile and goes on with them after."""
+        cores), the trainer's own vLLM freezes its requests meanwhile and goes on with them after
+        (in ``reload`` mode on the new weights: a frozen server reloads without draining them)."""
         pause = (self.config.pauses_vllm_during_train and self.can_pause and self.vllm is not None
                  and self.vllm.is_running())
         if pause:

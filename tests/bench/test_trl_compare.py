@@ -18,7 +18,7 @@ SETTINGS = {"steps": 10, "lr": 1e-5, "group_size": 8, "groups_per_step": 4, "tem
 
 
 def race_args(**changes: Any) -> argparse.Namespace:
-    return argparse.Namespace(**(SETTINGS | {"ours_sync_every": 1, "ours_trainer_flag": []} | changes))
+    return argparse.Namespace(**(SETTINGS | {"ours_sync_every": 1, "ours_trainer_flag": [], "ours_env_flag": []} | changes))
 
 
 def run(side: str, seed: int, points: list[tuple[int, float, float]], dtype: str = "bfloat16") -> dict[str, Any]:
@@ -49,7 +49,7 @@ def test_a_stored_run_is_reused_only_with_the_same_settings_seed_and_cpu(tmp_pat
     assert stored_run(tmp_path / "missing.json", race_args(), 1, "Xeon") is None
 
 
-def test_a_stored_run_of_this_project_is_reused_only_with_the_same_trainer_flags(tmp_path: Path) -> None:
+def test_a_stored_run_of_this_project_is_reused_only_with_the_same_trainer_and_environment_flags(tmp_path: Path) -> None:
     path = run_file(tmp_path, "ours-keep", 0)
     stored = run("ours-keep", 0, [(0, 0, 0.4)])
     stored["settings"] |= {"sync_every": 1, "trainer_flag": []}
@@ -57,6 +57,11 @@ def test_a_stored_run_of_this_project_is_reused_only_with_the_same_trainer_flags
     assert stored_run(path, race_args(), 0, "Xeon") is not None
     assert stored_run(path, race_args(ours_trainer_flag=["--max-prefetch-batches=1"]), 0, "Xeon") is None
     assert stored_run(path, race_args(ours_sync_every=2), 0, "Xeon") is None
+    # a run stored before environment flags were recorded had none
+    assert stored_run(path, race_args(ours_env_flag=["--env.max_batches_offpolicy=1"]), 0, "Xeon") is None
+    stored["settings"] |= {"env_flag": ["--env.max_batches_offpolicy=1"]}
+    path.write_text(json.dumps(stored))
+    assert stored_run(path, race_args(ours_env_flag=["--env.max_batches_offpolicy=1"]), 0, "Xeon") is not None
 
 
 def test_the_curve_is_the_mean_and_spread_over_seeds_at_each_evaluated_step() -> None:

@@ -1,9 +1,10 @@
 """Mixed precision and non-finite steps: bfloat16 compute keeps every update (float32 master
-weights, optimizer state and checkpoints), a sampled token outside the trainer's truncated
+weights, optimizer state and checkpoints; the weights cast once a step), a sampled token outside the trainer's truncated
 set trains to finite weights, and a non-finite step changes nothing."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 from safetensors.torch import load_file
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from example_trainer.checkpointing import save_checkpoint, save_lora_checkpoint
 from example_trainer.config import TrainingConfig
@@ -184,3 +186,44 @@ def test_float16_compute_scales_the_loss_and_trains(tiny_model_dir: Path) -> Non
     metrics = run_training_step(model, optimizer, batch, cfg, 0, scaler=scaler)
     assert metrics["train/skipped_step"] == 0 and math.isfinite(metrics["grad_norm"])
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+class WeightCasts(TorchDispatchMode):
+    """Counts the casts of `weights` (by identity) to bfloat16 during a training step."""
+
+    def __init__(self, weights: list[torch.Tensor]) -> None:
+        super().__init__()
+        self.weights, self.count = {id(weight) for weight in weights}, 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func is torch.ops.aten._to_copy.default and kwargs.get("dtype") == torch.bfloat16 and \
+                id(args[0]) in self.weights:
+            self.count += 1
+        return func(*args, **kwargs)
+
+
+def test_a_step_casts_its_weights_once_for_all_its_micro_batches(tiny_model_dir: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Autocast's bfloat16 copies of the weights are shared by the step's micro-batches, and the
+    gradients are those of casting in every micro-batch."""
+    cfg = config(tiny_model_dir, dtype="bfloat16")
+
+    def one_step() -> tuple[int, list[torch.Tensor]]:
+        torch.manual_seed(0)
+        model, tokenizer = load_model_and_tokenizer(cfg)
+        optimizer = create_optimizer(model, cfg)
+        grads: list[torch.Tensor] = []
+        monkeypatch.setattr(optimizer, "step", lambda: grads.extend(p.grad.clone() for p in model.parameters()))
+        batch = prepare_batch(varied_groups(tokenizer), cfg.batch_size, pack=True, pad_multiple=1)
+        assert len(batch.micro_batches) >= 2
+        matrices = [p for p in model.parameters() if p.dim() == 2]
+        with WeightCasts(matrices) as casts:
+            run_training_step(model, optimizer, batch, cfg, 0)
+        return casts.count, grads
+
+    kept_casts, kept_grads = one_step()
+    monkeypatch.setattr(Precision, "casts_kept", lambda self: contextlib.nullcontext())
+    per_micro_casts, per_micro_grads = one_step()
+    assert all(torch.equal(kept, per_micro) for kept, per_micro in zip(kept_grads, per_micro_grads))
+    assert kept_casts * 2 <= per_micro_casts  # per micro-batch: once in each of the (at least) two forwards

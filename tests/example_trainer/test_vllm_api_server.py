@@ -17,6 +17,8 @@ import importlib.metadata
 import os
 import shutil
 import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -212,6 +214,33 @@ def test_reloaded_weights_change_what_is_served_and_reload_back(
     assert max(abs(a - b) for a, b in zip(before, changed)) > 0.1
     served.reload_weights(str(real_model_dir), policy_version=0)
     assert scores() == pytest.approx(before, abs=1e-3)
+
+
+def test_a_frozen_server_is_reloaded_frozen_and_its_requests_go_on_with_the_new_weights(
+        served: TrainerVLLM, real_model_dir: Path, tmp_path: Path) -> None:
+    """The trainer's sync in ``reload`` mode: vLLM frozen for a training step is reloaded as it is
+    (no drain on the old weights), and a request that waited frozen is then sampled by the new."""
+    ids, scaled = _prompt_ids(real_model_dir), str(_scaled_final_norm(real_model_dir, tmp_path / "scaled"))
+    root = f"http://127.0.0.1:{served.port}"
+    assert served.pause_generation()
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            frozen = pool.submit(_generate, served, prompt={"prompt_token_ids": ids}, max_tokens=8, temperature=1.0,
+                                 logprobs=0)
+            time.sleep(1.0)  # the request reaches the engine and waits there
+            served.reload_weights(scaled, policy_version=7)
+            assert httpx.get(f"{root}/bridge/is_paused").json()["paused"] and not frozen.done()
+            served.resume_generation()
+            answer = frozen.result(timeout=120)
+        tokens, positions = answer["token_ids"][0], answer["logprobs"][0]
+        rescored = _generate(served, prompt={"prompt_token_ids": ids + tokens}, max_tokens=1, temperature=1.0,
+                             prompt_logprobs=0)["prompt_logprobs"][len(ids):]
+        assert [position[0][str(token)] for token, position in zip(tokens, positions)] == pytest.approx(
+            [position[str(token)] for token, position in zip(tokens, rescored)], abs=2e-3)
+        assert answer["policy_version"] == 0  # reported as served when it arrived: never younger than it is
+    finally:
+        served.resume_generation()
+        served.reload_weights(str(real_model_dir), policy_version=0)
 
 
 def test_the_trainer_checks_it_and_reloads_it_as_a_remote_inference_server(

@@ -36,6 +36,7 @@ class FakeEngine:
     def __init__(self) -> None:
         self.calls: list[tuple[str, Any]] = []
         self.fail_reload = False
+        self.paused = False
         self.vllm_config = SimpleNamespace(lora_config=None)
         self.model_config = SimpleNamespace(model="tiny", dtype="float32", enable_sleep_mode=False, max_model_len=64)
         self.tokenizer = FakeTokenizer()
@@ -53,18 +54,23 @@ class FakeEngine:
 
     async def pause_generation(self, **kwargs: Any) -> None:
         self.calls.append(("pause", kwargs))
+        self.paused = True
+
+    async def is_paused(self) -> bool:
+        return self.paused
 
     async def collective_rpc(self, method: str, kwargs: Any = None) -> None:
         self.calls.append((method, kwargs))
         if self.fail_reload:
             raise RuntimeError("shapes differ")
 
-    async def reset_prefix_cache(self) -> bool:
-        self.calls.append(("reset_prefix_cache", None))
+    async def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        self.calls.append(("reset_prefix_cache", {"reset_running_requests": reset_running_requests}))
         return True
 
     async def resume_generation(self) -> None:
         self.calls.append(("resume", None))
+        self.paused = False
 
     async def add_lora(self, request: Any) -> bool:
         self.calls.append(("add_lora", request.lora_int_id))
@@ -118,10 +124,21 @@ def test_reload_pauses_reloads_resets_and_resumes(fake: FakeEngine, tmp_path: Pa
     assert answer.status_code == 200 and answer.json()["status"] == "ok" and answer.json()["seconds"] >= 0
     assert fake.calls == [("pause", {"mode": "wait", "clear_cache": False}),
                           ("reload_weights_keeping_ties", {"weights_path": str(tmp_path)}),
-                          ("reset_prefix_cache", None), ("resume", None)]
+                          ("reset_prefix_cache", {"reset_running_requests": False}), ("resume", None)]
     info = TestClient(server.app).get("/bridge/info")
     assert info.json()["update_count"] == 1
     assert info.json()["policy_version"] == 1 and info.headers["X-Atropos-Policy-Version"] == "1"  # one more
+
+
+def test_a_frozen_server_reloads_without_draining_and_stays_frozen(fake: FakeEngine, tmp_path: Path) -> None:
+    client = TestClient(server.app)
+    assert client.post("/bridge/pause", params={"mode": "keep"}).status_code == 200
+    assert client.post("/reload_weights", json={"weights_path": str(tmp_path), "policy_version": 3}).status_code == 200
+    # no "wait" pause (it would drain the frozen requests on the old weights) and no resume: the caller froze it
+    assert fake.calls == [("pause", {"mode": "keep", "clear_cache": False}),
+                          ("reload_weights_keeping_ties", {"weights_path": str(tmp_path)}),
+                          ("reset_prefix_cache", {"reset_running_requests": True})]
+    assert fake.paused and client.get("/bridge/info").json()["policy_version"] == 3
 
 
 def test_a_reload_sets_the_policy_version_it_is_given(fake: FakeEngine, tmp_path: Path) -> None:
