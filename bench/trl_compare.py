@@ -19,6 +19,9 @@ The race:
 * groups whose answers all score alike: TRL trains on them (advantage 0); this project runs
   both ways, ``ours-keep`` (the same as TRL) and ``ours-drop`` (its environment's default,
   dynamic sampling as in DAPO), and the two are reported apart;
+* this project's environment takes extra flags (``--ours-env-flag``), recorded with its runs:
+  the README's race runs it with ``--env.max_batches_offpolicy=1`` (one batch queued, so each
+  is sampled by the newest weights);
 * per evaluated step, the mean and min–max over seeds of the accuracy and of the wall time;
   the time each side takes to reach TRL's final mean accuracy, and its ratio to TRL's.
 

@@ -18,7 +18,8 @@ SETTINGS = {"steps": 10, "lr": 1e-5, "group_size": 8, "groups_per_step": 4, "tem
 
 
 def race_args(**changes: Any) -> argparse.Namespace:
-    return argparse.Namespace(**(SETTINGS | {"ours_sync_every": 1, "ours_trainer_flag": [], "ours_env_flag": []} | changes))
+    ours = {"ours_sync_every": 1, "ours_trainer_flag": [], "ours_env_flag": []}
+    return argparse.Namespace(**(SETTINGS | ours | changes))
 
 
 def run(side: str, seed: int, points: list[tuple[int, float, float]], dtype: str = "bfloat16") -> dict[str, Any]:
@@ -49,7 +50,7 @@ def test_a_stored_run_is_reused_only_with_the_same_settings_seed_and_cpu(tmp_pat
     assert stored_run(tmp_path / "missing.json", race_args(), 1, "Xeon") is None
 
 
-def test_a_stored_run_of_this_project_is_reused_only_with_the_same_trainer_and_environment_flags(tmp_path: Path) -> None:
+def test_a_stored_run_of_ours_is_reused_only_with_the_same_trainer_and_environment_flags(tmp_path: Path) -> None:
     path = run_file(tmp_path, "ours-keep", 0)
     stored = run("ours-keep", 0, [(0, 0, 0.4)])
     stored["settings"] |= {"sync_every": 1, "trainer_flag": []}
