@@ -126,9 +126,8 @@ def stored_run(path: Path, args: argparse.Namespace, seed: int, cpu: str) -> Opt
     run = json.loads(path.read_text())
     wanted = {name: getattr(args, name) for name in SHARED} | {"seed": seed}
     settings = run["settings"]
-    if "trainer_flag" in settings:  # this project's runs: its own knobs must match too (runs from before
-        # environment flags existed had none)
-        settings = {"env_flag": []} | settings
+    if "trainer_flag" in settings:  # this project's runs: its own knobs must match too
+        settings = {"env_flag": []} | settings  # runs stored before environment flags were recorded had none
         wanted |= {"sync_every": args.ours_sync_every, "trainer_flag": args.ours_trainer_flag,
                    "env_flag": args.ours_env_flag}
     differing = {name: settings.get(name) for name, value in wanted.items() if settings.get(name) != value}
