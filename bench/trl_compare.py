@@ -40,6 +40,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -146,7 +147,25 @@ def run_ours(args: argparse.Namespace, side: str, seed: int, path: Path) -> None
                *(f"--{name.replace('_', '-')}={getattr(args, name)}" for name in SHARED),
                *(f"--trainer-flag={flag}" for flag in args.ours_trainer_flag),
                *(f"--env-flag={flag}" for flag in args.ours_env_flag)]
-    subprocess.run(command, check=True)
+    run_to_end(command)
+
+
+def run_to_end(command: list[str], env: Optional[dict[str, str]] = None) -> None:
+    """Run `command` to its end (`CalledProcessError` if it fails). Stopped (`KeyboardInterrupt`,
+    which SIGTERM raises here too), it passes SIGTERM on and waits while the child stops what it
+    started: `subprocess.run` would SIGKILL it and leave its servers running."""
+    with subprocess.Popen(command, env=env) as child:
+        try:
+            returncode = child.wait()
+        except KeyboardInterrupt:
+            child.send_signal(signal.SIGTERM)
+            try:
+                child.wait(timeout=180)
+            except subprocess.TimeoutExpired:
+                child.kill()
+            raise
+    if returncode:
+        raise subprocess.CalledProcessError(returncode, command)
 
 
 def run_trl(args: argparse.Namespace, seed: int, path: Path, model: Path, cpu: str) -> None:
@@ -157,9 +176,9 @@ def run_trl(args: argparse.Namespace, seed: int, path: Path, model: Path, cpu: s
     try:
         out = work / "trl"
         started = time.monotonic()
-        subprocess.run([args.trl_python, __file__, "--trl-worker", "--model", str(model), "--out", str(out),
-                        f"--seed={seed}", *(f"--{name.replace('_', '-')}={getattr(args, name)}" for name in SHARED)],
-                       check=True, env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
+        run_to_end([args.trl_python, __file__, "--trl-worker", "--model", str(model), "--out", str(out),
+                    f"--seed={seed}", *(f"--{name.replace('_', '-')}={getattr(args, name)}" for name in SHARED)],
+                   env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
         training_seconds = time.monotonic() - started
         steps = read_jsonl(out / "steps.jsonl")
         saved = {row["step"]: row["seconds"] for row in read_jsonl(out / "saved.jsonl")}
@@ -181,7 +200,6 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 def race(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
     """Every side's runs, seed by seed, taking turns; stored runs with these settings are kept."""
-    sys.path.insert(0, str(ROOT))
     from atroposlib.local.cpu import read_cpu
     from atroposlib.local.prepare_model import prepare_model
 
@@ -370,7 +388,14 @@ def main() -> None:
         parser.error(f"--sides: unknown {', '.join(sorted(unknown))} (choose from {', '.join(SIDES)})")
     if args.eval_every % args.ours_sync_every:
         parser.error("--eval-every must be a multiple of --ours-sync-every (checkpoints exist at sync steps)")
-    runs = race(args)
+    sys.path.insert(0, str(ROOT))
+    from atroposlib.local.signals import stop_signals_raise
+
+    try:
+        with stop_signals_raise():
+            runs = race(args)
+    except KeyboardInterrupt as stop:
+        raise SystemExit(f"{stop or 'interrupted'}: the run under way is stopped; finished runs are kept in {args.runs}")
     result = report(args, runs)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=1))

@@ -1,11 +1,16 @@
 """The TRL race's bookkeeping: stored runs are reused only with the same settings and CPU, the
-seeds' curves are summarised as mean and min–max, and the time to TRL's final accuracy is read
-off the mean curves."""
+seeds' curves are summarised as mean and min–max, the time to TRL's final accuracy is read
+off the mean curves, and a stopped race stops the run under way with what it started."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -96,3 +101,47 @@ def test_the_report_gives_each_side_its_ratio_to_trls_time_and_where_it_falls_be
     assert result["sides"]["trl"]["dtype"] == "bfloat16 autocast"
     text = summary(result)
     assert "0.20x TRL's time" in text and "1.50x TRL's time" in text and "behind TRL beyond the seeds' spread" in text
+
+
+CHILD = """
+import signal, subprocess, sys, time
+from pathlib import Path
+folder = Path(sys.argv[1])
+server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+(folder / "server.pid").write_text(str(server.pid))
+def stop(*_):
+    server.terminate()
+    server.wait()
+    (folder / "stopped").write_text("its server stopped")
+    sys.exit(143)
+signal.signal(signal.SIGTERM, stop)
+time.sleep(600)
+"""
+
+RACE = """
+import sys
+from atroposlib.local.signals import stop_signals_raise
+from bench.trl_compare import run_to_end
+with stop_signals_raise():
+    run_to_end([sys.executable, "-c", sys.argv[1], sys.argv[2]])
+"""
+
+
+def test_a_stopped_race_stops_the_run_under_way_and_what_that_run_started(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parents[2]
+    race = subprocess.Popen([sys.executable, "-c", RACE, CHILD, str(tmp_path)], cwd=root,
+                            env={**os.environ, "PYTHONPATH": str(root)})
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "server.pid").is_file() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        server = int((tmp_path / "server.pid").read_text())
+        race.send_signal(signal.SIGTERM)
+        race.wait(timeout=60)
+        assert (tmp_path / "stopped").is_file(), "the run under way was killed before it could stop its server"
+        with pytest.raises(ProcessLookupError):
+            os.kill(server, 0)
+    finally:
+        race.kill()
+        if (tmp_path / "server.pid").is_file() and not (tmp_path / "stopped").is_file():
+            os.kill(int((tmp_path / "server.pid").read_text()), signal.SIGKILL)
