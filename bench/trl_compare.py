@@ -4,7 +4,9 @@ Both sides train SmolLM2-135M-Instruct on the learning demo's task (single-digit
 ``environments/small_sums_task.py``) with the same training pairs, reward, group size, batch,
 learning rate, optimizer (AdamW, weight decay 0.01, gradient norm clipped to 1), temperature
 and answer length, each in the precision its defaults choose on this CPU (this project:
-``--dtype auto``; TRL: ``bf16=True`` autocast over float32 weights, its default). TRL runs in a
+``--dtype auto``; TRL: ``bf16=True`` autocast over float32 weights, its default, or float32 with
+``--trl-precision float32``: on a 2-core CPU without bf16 instructions its default took 440 s for
+one step, float32 being what a TRL user there would choose). TRL runs in a
 virtual environment of its own (``bench/setup_trl.sh``) with Hugging Face ``generate``, as a TRL
 user on a CPU gets it; this project runs the three processes a user runs
 (``bench/learning_demo.py``).
@@ -90,7 +92,8 @@ def trl_worker(args: argparse.Namespace) -> None:
         temperature=args.temperature, top_p=1.0, top_k=0, loss_type="grpo", beta=0.0, epsilon=0.2,
         scale_rewards="group", num_iterations=1, shuffle_dataset=False, use_cpu=True,
         logging_steps=1, save_strategy="steps", save_steps=args.eval_every,
-        save_only_model=True, report_to="none", disable_tqdm=True)
+        save_only_model=True, report_to="none", disable_tqdm=True,
+        **({"bf16": False} if args.trl_precision == "float32" else {}))
     (out / "precision").write_text("bfloat16 autocast, float32 weights" if config.bf16 else "float32")
 
     def record(name: str, row: dict[str, Any]) -> None:
@@ -131,6 +134,9 @@ def stored_run(path: Path, args: argparse.Namespace, seed: int, cpu: str) -> Opt
         settings = {"env_flag": []} | settings  # runs stored before environment flags were recorded had none
         wanted |= {"sync_every": args.ours_sync_every, "trainer_flag": args.ours_trainer_flag,
                    "env_flag": args.ours_env_flag}
+    elif run.get("side") == "trl":  # runs stored before --trl-precision took TRL's default
+        settings = {"trl_precision": "default"} | settings
+        wanted |= {"trl_precision": args.trl_precision}
     differing = {name: settings.get(name) for name, value in wanted.items() if settings.get(name) != value}
     if run["cpu"] != cpu or differing:
         print(f"{path.name} was made {'on ' + run['cpu'] if run['cpu'] != cpu else 'with ' + str(differing)}: "
@@ -177,7 +183,8 @@ def run_trl(args: argparse.Namespace, seed: int, path: Path, model: Path, cpu: s
         out = work / "trl"
         started = time.monotonic()
         run_to_end([args.trl_python, __file__, "--trl-worker", "--model", str(model), "--out", str(out),
-                    f"--seed={seed}", *(f"--{name.replace('_', '-')}={getattr(args, name)}" for name in SHARED)],
+                    f"--seed={seed}", f"--trl-precision={args.trl_precision}",
+                    *(f"--{name.replace('_', '-')}={getattr(args, name)}" for name in SHARED)],
                    env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
         training_seconds = time.monotonic() - started
         steps = read_jsonl(out / "steps.jsonl")
@@ -189,7 +196,8 @@ def run_trl(args: argparse.Namespace, seed: int, path: Path, model: Path, cpu: s
         shutil.rmtree(work, ignore_errors=True)
     run = {"side": "trl", "cpu": cpu, "cores": os.cpu_count() or 1, "training_seconds": training_seconds,
            "settings": {name: getattr(args, name) for name in SHARED} | {"seed": seed, "all_alike": "keep",
-                                                                         "dtype": precision},
+                                                                         "dtype": precision,
+                                                                         "trl_precision": args.trl_precision},
            "steps": steps, "evaluations": [vars(evaluation) for evaluation in evaluations]}
     path.write_text(json.dumps(run, indent=1))
 
@@ -375,6 +383,9 @@ def main() -> None:
     parser.add_argument("--ours-env-flag", action="append", default=[],
                         help="an extra flag of this project's environment (repeatable), e.g. "
                              "--ours-env-flag=--env.max_batches_offpolicy=1")
+    parser.add_argument("--trl-precision", choices=("default", "float32"), default="default",
+                        help="TRL's precision: its default (bf16=True, autocast over float32 weights), or float32 "
+                             "(bf16=False), for CPUs without bf16 instructions, where its default is very slow")
     parser.add_argument("--trl-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)

@@ -23,7 +23,7 @@ SETTINGS = {"steps": 10, "lr": 1e-5, "group_size": 8, "groups_per_step": 4, "tem
 
 
 def race_args(**changes: Any) -> argparse.Namespace:
-    ours = {"ours_sync_every": 1, "ours_trainer_flag": [], "ours_env_flag": []}
+    ours = {"ours_sync_every": 1, "ours_trainer_flag": [], "ours_env_flag": [], "trl_precision": "default"}
     return argparse.Namespace(**(SETTINGS | ours | changes))
 
 
@@ -101,6 +101,18 @@ def test_the_report_gives_each_side_its_ratio_to_trls_time_and_where_it_falls_be
     assert result["sides"]["trl"]["dtype"] == "bfloat16 autocast"
     text = summary(result)
     assert "0.20x TRL's time" in text and "1.50x TRL's time" in text and "behind TRL beyond the seeds' spread" in text
+
+
+def test_a_stored_trl_run_is_reused_only_in_the_precision_asked_for(tmp_path: Path) -> None:
+    path = run_file(tmp_path, "trl", 0)
+    path.write_text(json.dumps(run("trl", 0, [(0, 0, 0.4), (10, 300, 0.8)], dtype="bfloat16 autocast")))
+    assert stored_run(path, race_args(), 0, "Xeon") is not None  # stored before the flag: TRL's default
+    assert stored_run(path, race_args(trl_precision="float32"), 0, "Xeon") is None
+    stored = json.loads(path.read_text())
+    stored["settings"] |= {"trl_precision": "float32", "dtype": "float32"}
+    path.write_text(json.dumps(stored))
+    assert stored_run(path, race_args(trl_precision="float32"), 0, "Xeon") is not None
+    assert stored_run(path, race_args(), 0, "Xeon") is None
 
 
 CHILD = """
