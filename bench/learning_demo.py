@@ -38,7 +38,7 @@ from typing import Any, Optional
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from atroposlib.local.cpu import choose_dtype, read_cpu  # noqa: E402
+from atroposlib.local.cpu import DTYPES, choose_dtype, read_cpu  # noqa: E402
 from atroposlib.local.prepare_model import prepare_model  # noqa: E402
 from atroposlib.local.signals import stop_signals_raise  # noqa: E402
 from atroposlib.local.vllm_service import LocalVLLM, free_port  # noqa: E402
@@ -226,7 +226,8 @@ def evaluate_checkpoints(args: argparse.Namespace, model: Path, work: Path, chec
     # vLLM's CPU build kills its engine when a seeded request's prompt is split across steps
     # ("CPU Generator does not use offset"): a token budget above the whole evaluation's prompts keeps them whole
     whole_prompts = ("--max-num-batched-tokens", "16384", "--max-num-seqs", "256")
-    with LocalVLLM(model, max_model_len=512, log_path=work / "eval-vllm.log", extra_args=whole_prompts) as server:
+    with LocalVLLM(model, max_model_len=512, log_path=work / "eval-vllm.log", extra_args=whole_prompts,
+                   dtype=args.eval_dtype) as server:
         for step, weights in dict([(0, model), *checkpoints]).items():
             if step:
                 server.reload_weights(weights, policy_version=step)
@@ -311,6 +312,9 @@ def main() -> None:
     parser.add_argument("--split-seed", type=int, default=1234, help="which pairs are held out")
     parser.add_argument("--eval-seed", type=int, default=0, help="seeds the evaluation's sampling")
     parser.add_argument("--max-answer-tokens", type=int, default=32, help="longest answer sampled")
+    parser.add_argument("--eval-dtype", choices=DTYPES, default="auto",
+                        help="the dtype the evaluation's vLLM serves each checkpoint in (auto: the CPU's fast one; "
+                             "float32 shows float32 weights as they are, bfloat16 rounds small updates away)")
     parser.add_argument("--seed", type=int, default=0, help="the order in which the environment draws training pairs")
     parser.add_argument("--all-alike", choices=("drop", "keep"), default="drop",
                         help="groups whose answers all score alike: dropped by the environment (its default) or "

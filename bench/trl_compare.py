@@ -55,7 +55,7 @@ TASK_DIR = ROOT / "environments"
 SIDES = ("ours-keep", "trl", "ours-drop")
 # settings both sides must share, checked on every stored run
 SHARED = ("steps", "lr", "group_size", "groups_per_step", "temperature", "eval_every", "eval_samples",
-          "eval_pairs", "split_seed", "eval_seed", "max_answer_tokens")
+          "eval_pairs", "split_seed", "eval_seed", "max_answer_tokens", "eval_dtype")
 
 
 # --- the TRL side: runs in TRL's virtual environment, which has no atroposlib ------------------
@@ -129,7 +129,7 @@ def stored_run(path: Path, args: argparse.Namespace, seed: int, cpu: str) -> Opt
         return None
     run = json.loads(path.read_text())
     wanted = {name: getattr(args, name) for name in SHARED} | {"seed": seed}
-    settings = run["settings"]
+    settings = {"eval_dtype": "auto"} | run["settings"]  # runs stored before --eval-dtype were evaluated in auto
     if "trainer_flag" in settings:  # this project's runs: its own knobs must match too
         settings = {"env_flag": []} | settings  # runs stored before environment flags were recorded had none
         wanted |= {"sync_every": args.ours_sync_every, "trainer_flag": args.ours_trainer_flag,
@@ -377,6 +377,8 @@ def main() -> None:
     parser.add_argument("--split-seed", type=int, default=1234)
     parser.add_argument("--eval-seed", type=int, default=0)
     parser.add_argument("--max-answer-tokens", type=int, default=32)
+    parser.add_argument("--eval-dtype", choices=("auto", "float32", "bfloat16"), default="auto",
+                        help="the dtype both sides' checkpoints are evaluated in (see bench/learning_demo.py)")
     parser.add_argument("--ours-sync-every", type=int, default=1, help="this project's steps between weight syncs")
     parser.add_argument("--ours-trainer-flag", action="append", default=[],
                         help="an extra atropos-grpo flag for this project's runs (repeatable)")

@@ -143,6 +143,10 @@ def _vllm_args(parser: argparse.ArgumentParser) -> None:
                        help="compute dtype of training and vLLM's dtype (the trained weights and optimizer "
                             "state stay float32); auto: bfloat16 on GPUs, on CPUs bfloat16 only with bf16 "
                             "instructions, else float32")
+    group.add_argument("--vllm-dtype", choices=DTYPES, default=None,
+                       help="the dtype the trainer's vLLM serves the weights in (default: --dtype's). float32 "
+                            "serves the float32 weights exactly: bfloat16 rounds away updates smaller than its "
+                            "spacing (about 1/256 of a weight), which at a learning rate of 1e-5 is most of them")
     group.add_argument("--vllm-restart-interval", type=int, default=3, help="steps between weight syncs to vLLM")
     group.add_argument("--vllm-stop-during-train", action="store_true",
                        help="stop vLLM while a step trains (when both share a GPU without headroom)")

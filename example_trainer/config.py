@@ -144,6 +144,8 @@ class TrainingConfig(BaseModel):
     vllm_gpu_memory_utilization: float = Field(0.45, gt=0, le=1)
     max_model_len: int = Field(4096, ge=1)
     dtype: Dtype = "auto"
+    vllm_dtype: Optional[Dtype] = Field(
+        None, description="the dtype the trainer's vLLM serves the weights in; None: the training dtype")
     vllm_stop_during_train: bool = Field(False, description="stop vLLM while a training step runs")
     vllm_pause_during_train: Optional[bool] = Field(
         None, description="freeze the trainer's vLLM's requests while a step trains; None: on a CPU only")
@@ -287,6 +289,14 @@ class TrainingConfig(BaseModel):
     def lora_targets(self) -> list[str]:
         """The LoRA target modules, ``q_proj`` and ``v_proj`` unless configured."""
         return list(self.lora_target_modules or DEFAULT_LORA_TARGETS)
+
+    def resolved_vllm_dtype(self, cpu_flags: Optional[Iterable[str]] = None) -> DtypeChoice:
+        """The dtype the trainer's vLLM serves in, and why: ``vllm_dtype``, else the training dtype."""
+        if self.vllm_dtype is None:
+            return self.resolved_dtype(cpu_flags)
+        flags = read_cpu().flags if cpu_flags is None else cpu_flags
+        chosen = choose_dtype(flags, self.vllm_dtype, gpu=self.device.startswith("cuda"))
+        return chosen if self.vllm_dtype == "auto" else DtypeChoice(chosen.dtype, "asked for with --vllm-dtype")
 
     def resolved_dtype(self, cpu_flags: Optional[Iterable[str]] = None) -> DtypeChoice:
         """The dtype training and vLLM run in, and why. `cpu_flags` defaults to this machine's."""

@@ -346,6 +346,8 @@ def announce(config: TrainingConfig, ranks: Ranks = Ranks()) -> None:
         vllm = f"vLLM: yours, on port {config.vllm_port}"
     else:
         vllm = f"vLLM log: {Path(config.log_dir) / 'vllm.log'}"
+        if config.vllm_dtype is not None:
+            vllm += f", serving in {config.resolved_vllm_dtype().dtype} (--vllm-dtype)"
     processes = f", {ranks.world_size} processes ({config.data_parallel})" if ranks.distributed else ""
     precision = precision_for(config, ranks.world_size).describe()
     print(f"GRPO trainer: {config.model_name}, mode {config.weight_bridge_mode}, {config.training_steps} steps "

@@ -140,7 +140,7 @@ class TrainerVLLM:
         self.config = config
         self.log_path = Path(log_path)
         self.python = resolve_vllm_python(config)
-        self.dtype = config.resolved_dtype()
+        self.dtype = config.resolved_vllm_dtype()
         self.server: Optional[LocalVLLM] = None
         self.model_path: Optional[str] = None
 

@@ -56,6 +56,7 @@ DOC_DEFAULTS: dict[tuple[str, str], str] = {
     ("atropos-grpo", "--device"): "`cuda` when torch sees a GPU, else `cpu`",
     ("atropos-grpo", "--vllm-gpu"): "the trainer's GPU",
     ("atropos-grpo", "--vllm-python"): "this Python if vLLM imports, else the `atropos-vllm` runtime's",
+    ("atropos-grpo", "--vllm-dtype"): "`--dtype`'s",
     ("atropos-grpo", "--train-layer-indices"): "all layers",
     ("atropos-grpo", "--lora-target-modules"): "`q_proj v_proj`",
     ("atropos-grpo", "--lora-layer-indices"): "all layers",

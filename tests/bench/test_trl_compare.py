@@ -19,7 +19,8 @@ import pytest
 from bench.trl_compare import SHARED, curve, reach_time, report, run_file, stored_run, summary
 
 SETTINGS = {"steps": 10, "lr": 1e-5, "group_size": 8, "groups_per_step": 4, "temperature": 0.7, "eval_every": 5,
-            "eval_samples": 8, "eval_pairs": 30, "split_seed": 1234, "eval_seed": 0, "max_answer_tokens": 32}
+            "eval_samples": 8, "eval_pairs": 30, "split_seed": 1234, "eval_seed": 0, "max_answer_tokens": 32,
+            "eval_dtype": "auto"}
 
 
 def race_args(**changes: Any) -> argparse.Namespace:
@@ -53,6 +54,15 @@ def test_a_stored_run_is_reused_only_with_the_same_settings_seed_and_cpu(tmp_pat
     assert stored_run(path, race_args(), 1, "EPYC") is None
     assert "made on Xeon" in capsys.readouterr().out
     assert stored_run(tmp_path / "missing.json", race_args(), 1, "Xeon") is None
+
+
+def test_a_run_stored_before_the_evaluation_dtype_was_recorded_was_evaluated_in_auto(tmp_path: Path) -> None:
+    path = run_file(tmp_path, "trl", 0)
+    stored = run("trl", 0, [(0, 0, 0.4)])
+    del stored["settings"]["eval_dtype"]
+    path.write_text(json.dumps(stored))
+    assert stored_run(path, race_args(), 0, "Xeon") is not None
+    assert stored_run(path, race_args(eval_dtype="float32"), 0, "Xeon") is None
 
 
 def test_a_stored_run_of_ours_is_reused_only_with_the_same_trainer_and_environment_flags(tmp_path: Path) -> None:

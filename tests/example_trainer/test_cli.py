@@ -171,6 +171,7 @@ EVERY_FLAG = [
     (["--no-share-prompt-prefix"], "share_prompt_prefix", False),
     (["--replace-run"], "replace_run", True),
     (["--no-vllm-pause-during-train"], "vllm_pause_during_train", False),
+    (["--vllm-dtype", "float32"], "vllm_dtype", "float32"),
     (["--gradient-checkpointing"], "gradient_checkpointing", True),
     (["--data-parallel", "fsdp"], "data_parallel", "fsdp"),
     (["--world-size", "2"], "world_size", 2),

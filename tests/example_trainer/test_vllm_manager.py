@@ -204,3 +204,15 @@ def test_the_generation_meter_reports_tokens_per_second_between_readings(monkeyp
     assert meter.tokens_per_s() == 40.0
     assert meter.tokens_per_s() is None  # no /metrics
     assert vllm_manager.GenerationMeter(None).tokens_per_s() is None
+
+
+def test_vllm_serves_the_training_dtype_unless_told_another(tmp_path: Path) -> None:
+    runtime = str(stand_in_runtime(tmp_path).python)
+
+    def served_dtype(**fields: Any) -> str:
+        command = TrainerVLLM(_config(vllm_python=runtime, **fields), tmp_path / "vllm.log").server_for("/m").command()
+        return command[command.index("--dtype") + 1]
+
+    assert served_dtype(dtype="bfloat16") == "bfloat16"
+    assert served_dtype(dtype="bfloat16", vllm_dtype="float32") == "float32"
+    assert served_dtype(dtype="float32", vllm_dtype="bfloat16") == "bfloat16"
