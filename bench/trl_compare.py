@@ -408,7 +408,8 @@ def main() -> None:
         with stop_signals_raise():
             runs = race(args)
     except KeyboardInterrupt as stop:
-        raise SystemExit(f"{stop or 'interrupted'}: the run under way is stopped; finished runs are kept in {args.runs}")
+        raise SystemExit(f"{stop or 'interrupted'}: the run under way is stopped; "
+                         f"finished runs are kept in {args.runs}")
     result = report(args, runs)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=1))
