@@ -12,8 +12,10 @@ run gets:
 =====================  =====================================================================
 wall-clock timeout     `SandboxLimits.timeout` seconds (15) per run: then the run's whole
                        process group (it is a session of its own) is SIGKILLed (``timeout``)
-CPU time               ``RLIMIT_CPU`` `cpu_seconds` (15), soft = hard, so the kernel SIGKILLs
-                       the process at the limit (status ``cpu_limit``)
+CPU time               ``RLIMIT_CPU`` `cpu_seconds` (15): the kernel sends SIGXCPU at the limit,
+                       which ends the process, and SIGKILLs one that ignores it a second later
+                       (status ``cpu_limit``; told by the signal, not by measured CPU time, which
+                       a loaded machine reports short)
 memory                 ``RLIMIT_AS`` `memory_mb` (2048 MiB of address space): allocations fail,
                        Python raises MemoryError (status ``memory_limit``)
 file size              ``RLIMIT_FSIZE`` `file_size_mb` (16 MiB per file): a larger write fails
@@ -194,7 +196,8 @@ def _confine_and_run():
     def _limit(kind, value):
         resource.setrlimit(kind, (value, value))
     _limit(resource.RLIMIT_CORE, 0)
-    _limit(resource.RLIMIT_CPU, cfg["cpu"])
+    # SIGXCPU at the soft limit names the cause by itself; the hard limit kills a program that ignores it
+    resource.setrlimit(resource.RLIMIT_CPU, (cfg["cpu"], cfg["cpu"] + 1))
     _limit(resource.RLIMIT_FSIZE, cfg["fsize"])
     _limit(resource.RLIMIT_NOFILE, cfg["nofile"])
     if cfg["nproc"]:
@@ -407,8 +410,8 @@ def _one(data):
         "stdout": b"".join(chunks[out_r]).decode("utf-8", "replace"),
         "stderr": b"".join(chunks[err_r]).decode("utf-8", "replace"),
         "returncode": os.waitstatus_to_exitcode(how), "timed_out": timed_out, "overflow": overflow,
-        "cpu_limit": signalled in (signal.SIGKILL, signal.SIGXCPU) and not timed_out and not overflow
-                     and cpu >= cfg["cpu"] - 0.1,
+        "cpu_limit": not timed_out and not overflow and (
+            signalled == signal.SIGXCPU or (signalled == signal.SIGKILL and cpu >= cfg["cpu"])),
         "duration": time.monotonic() - started,
     }
 

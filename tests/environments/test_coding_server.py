@@ -14,6 +14,7 @@ import http.server
 import json
 import os
 import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -291,7 +292,15 @@ def test_a_clean_run_in_a_throwaway_directory() -> None:
 def test_infinite_loop_hits_the_cpu_limit() -> None:
     _, result = run("while True:\n    pass", cpu_seconds=1, timeout=30)
     assert result.status == "cpu_limit", (result.status, result.stderr)
+    assert result.returncode == -signal.SIGXCPU  # the signal names the cause, however busy the machine
     assert result.duration < 30
+
+
+def test_a_program_that_ignores_the_cpu_signal_is_killed_a_second_later() -> None:
+    program = "import signal\nsignal.signal(signal.SIGXCPU, signal.SIG_IGN)\nwhile True:\n    pass"
+    _, result = run(program, cpu_seconds=1, timeout=30)
+    assert result.status == "cpu_limit", (result.status, result.stderr)
+    assert result.returncode == -signal.SIGKILL
 
 
 def test_sleeping_forever_hits_the_wall_clock_timeout() -> None:
