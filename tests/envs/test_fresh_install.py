@@ -19,7 +19,9 @@ import pytest
 from tests.doc_commands import command
 from tests.envs.conftest import ROOT
 
-pytestmark = pytest.mark.slow
+# the first test also waits for the module's fresh install (pip may take up to 1200 s on a busy machine):
+# the suite's 300 s per test would count that wait against it
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
 ENV_FILE = ROOT / "tests" / "envs" / "atropos_style" / "dataset_env.py"
 
