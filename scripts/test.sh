@@ -141,7 +141,8 @@ if [ "$#" -gt 0 ]; then
 fi
 step 5 "the tests that mostly wait, in ${ATROPOS_TEST_WORKERS:-4} workers${ATROPOS_TESTS_NO_SKIP:+ (skips fail: ATROPOS_TESTS_NO_SKIP=1)}"
 parallel_status=0
-"${pytest[@]}" -m "not serial" -n "${ATROPOS_TEST_WORKERS:-4}" --durations=20 || parallel_status=$?
+# loadgroup: the tests of one xdist_group share a worker (and so the expensive fixture they share)
+"${pytest[@]}" -m "not serial" -n "${ATROPOS_TEST_WORKERS:-4}" --dist loadgroup --durations=20 || parallel_status=$?
 step 6 "the CPU-heavy tests (marked serial), one at a time"
 serial_status=0
 "${pytest[@]}" -m serial --durations=20 || serial_status=$?

@@ -6,6 +6,7 @@ one line with its batch back in the API's queue."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -28,17 +29,22 @@ from tests.helpers import ApiProcess, free_port
 from tests.local.stand_ins import stand_in_runtime
 
 torch = pytest.importorskip("torch")
+# The two launches that the tests of two-rank runs share: on one pytest-xdist worker, not one each.
+pytestmark = pytest.mark.xdist_group("distributed")
 STEPS_SCRIPT = Path(__file__).with_name("distributed_steps.py")
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_steps(model: Path, out: Path, ranks: int, *extra: str) -> dict:
+def run_steps(model: Path, folder: Path, ranks: int, plan: dict[str, list[str]]) -> dict[str, dict]:
+    """Each run of `plan` (a name and `distributed_steps.py`'s options), in one launch of `ranks`
+    processes: what rank 0 wrote, by run."""
+    (folder / "plan.json").write_text(json.dumps(plan))
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
-               "--master-port", str(free_port()), str(STEPS_SCRIPT), "--model", str(model), "--out", str(out),
-               *extra]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT)
+               "--master-port", str(free_port()), str(STEPS_SCRIPT), "--model", str(model),
+               "--out", str(folder / "results.pt"), str(folder / "plan.json")]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return torch.load(out, weights_only=True)
+    return torch.load(folder / "results.pt", weights_only=True)
 
 
 def assert_same_training(one: dict, other: dict) -> None:
@@ -79,65 +85,69 @@ def test_the_ranks_shares_make_up_the_batch_and_keep_its_totals() -> None:
 
 
 @pytest.fixture(scope="module")
-def one_rank(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """Three steps in one process: what every distributed run must match."""
-    trained = run_steps(tiny_model, tmp_path_factory.mktemp("one-rank") / "one.pt", 1)
-    assert len(trained["losses"]) == 3
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("checkpoints")
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tiny_model: Path, checkpoints: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    """Every two-rank run, in one launch: three AdamW steps with DDP and with FSDP, each loss's
+    one-step gradient, two bfloat16 steps at lr 1e-5, and an FSDP checkpoint after step 2."""
+    plan = {"saved": ["--data-parallel", "fsdp", "--save-at", "2", "--save-path", str(checkpoints)]}
+    for parallel in ("ddp", "fsdp"):
+        plan[f"train-{parallel}"] = ["--data-parallel", parallel]
+        plan[f"gradients-{parallel}"] = ["--gradient-cases", "--data-parallel", parallel]
+        plan[f"bfloat16-{parallel}"] = ["--lr", "1e-5", "--steps", "2", "--dtype", "bfloat16",
+                                        "--data-parallel", parallel]
+    return run_steps(tiny_model, tmp_path_factory.mktemp("two-ranks"), 2, plan)
+
+
+@pytest.fixture(scope="module")
+def one_rank(tiny_model: Path, checkpoints: Path, two_ranks: dict, tmp_path_factory: pytest.TempPathFactory,
+             ) -> dict[str, dict]:
+    """The same in one process, what every two-rank run must match: three AdamW steps, each
+    loss's one-step gradient (plain SGD) and two float32 steps at lr 1e-5; and the two-rank
+    checkpoint resumed."""
+    plan = {"train": [], "gradients": ["--gradient-cases"], "float32": ["--lr", "1e-5", "--steps", "2"],
+            "resumed": ["--resume", str(checkpoints / "step_2")]}
+    trained = run_steps(tiny_model, tmp_path_factory.mktemp("one-rank"), 1, plan)
+    assert len(trained["train"]["losses"]) == 3
     return trained
 
 
 @pytest.mark.parametrize("data_parallel", ["ddp", "fsdp"])
-def test_two_ranks_train_like_one(data_parallel: str, one_rank: dict, tiny_model: Path, tmp_path: Path) -> None:
-    assert_same_training(one_rank, run_steps(tiny_model, tmp_path / "two.pt", 2, "--data-parallel", data_parallel))
+def test_two_ranks_train_like_one(data_parallel: str, one_rank: dict, two_ranks: dict) -> None:
+    assert_same_training(one_rank["train"], two_ranks[f"train-{data_parallel}"])
 
 
-def test_a_two_rank_checkpoint_resumes_in_one_process(one_rank: dict, tiny_model: Path, tmp_path: Path) -> None:
-    run_steps(tiny_model, tmp_path / "saved.pt", 2, "--data-parallel", "fsdp", "--save-at", "2",
-              "--save-path", str(tmp_path / "checkpoints"))
-    checkpoint = tmp_path / "checkpoints" / "step_2"
-    assert (checkpoint / "optimizer.pt").is_file()
-    resumed = run_steps(tiny_model, tmp_path / "resumed.pt", 1, "--resume", str(checkpoint))
-    assert_same_training({**one_rank, "losses": one_rank["losses"][2:]}, resumed)
-
-
-@pytest.fixture(scope="module")
-def one_rank_gradients(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """Each loss setting's one-step SGD change (minus the gradient) in one process."""
-    return run_steps(tiny_model, tmp_path_factory.mktemp("gradients") / "one.pt", 1, "--gradient-cases")["changes"]
+def test_a_two_rank_checkpoint_resumes_in_one_process(one_rank: dict, checkpoints: Path) -> None:
+    assert (checkpoints / "step_2" / "optimizer.pt").is_file()
+    trained = one_rank["train"]
+    assert_same_training({**trained, "losses": trained["losses"][2:]}, one_rank["resumed"])
 
 
 @pytest.mark.parametrize("data_parallel", ["ddp", "fsdp"])
-def test_two_ranks_compute_the_gradient_of_one_for_every_loss(data_parallel: str, one_rank_gradients: dict,
-                                                              tiny_model: Path, tmp_path: Path) -> None:
+def test_two_ranks_compute_the_gradient_of_one_for_every_loss(data_parallel: str, one_rank: dict,
+                                                              two_ranks: dict) -> None:
     # Plain SGD, no clipping: a wrong world-size factor would scale these changes, which AdamW hides.
-    two = run_steps(tiny_model, tmp_path / "two.pt", 2, "--gradient-cases", "--data-parallel", data_parallel)
-    assert set(two["changes"]) == set(GRADIENT_CASES) == set(one_rank_gradients)
-    for case, changes in one_rank_gradients.items():
+    one, two = one_rank["gradients"]["changes"], two_ranks[f"gradients-{data_parallel}"]["changes"]
+    assert set(two) == set(GRADIENT_CASES) == set(one)
+    for case, changes in one.items():
         largest = max(float(change.abs().max()) for change in changes.values())
         assert largest > 0, case
         for name, change in changes.items():
-            torch.testing.assert_close(two["changes"][case][name], change, rtol=1e-4, atol=1e-4 * largest,
+            torch.testing.assert_close(two[case][name], change, rtol=1e-4, atol=1e-4 * largest,
                                        msg=f"{case}: {name}")
 
 
-@pytest.fixture(scope="module")
-def float32_update(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> "torch.Tensor":
-    """The weights' change after two AdamW steps at lr 1e-5 in float32, in one process."""
-    from safetensors.torch import load_file
-
-    trained = run_steps(tiny_model, tmp_path_factory.mktemp("fp32") / "fp32.pt", 1, "--lr", "1e-5", "--steps", "2")
-    return flat_update(trained["weights"], load_file(str(tiny_model / "model.safetensors")))
-
-
 @pytest.mark.parametrize("data_parallel", ["ddp", "fsdp"])
-def test_bfloat16_compute_on_two_ranks_keeps_the_float32_update(data_parallel: str, float32_update: "torch.Tensor",
-                                                                 tiny_model: Path, tmp_path: Path) -> None:
+def test_bfloat16_compute_on_two_ranks_keeps_the_float32_update(data_parallel: str, one_rank: dict, two_ranks: dict,
+                                                                tiny_model: Path) -> None:
     from safetensors.torch import load_file
 
     start = load_file(str(tiny_model / "model.safetensors"))
-    reference = float32_update
-    mixed = run_steps(tiny_model, tmp_path / "bf16.pt", 2, "--lr", "1e-5", "--steps", "2", "--dtype", "bfloat16",
-                      "--data-parallel", data_parallel)["weights"]
+    reference = flat_update(one_rank["float32"]["weights"], start)
+    mixed = two_ranks[f"bfloat16-{data_parallel}"]["weights"]
     update = flat_update(mixed, start)
     assert float(update.norm() / reference.norm()) >= 0.5
     assert float(torch.nn.functional.cosine_similarity(update, reference, dim=0)) >= 0.5
