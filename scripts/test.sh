@@ -128,6 +128,9 @@ wait "$transformers4_job" || { echo "test.sh: the tokenizer tests failed against
 trap - EXIT INT TERM
 export ATROPOS_REFERENCE_PYTHON="$reference"
 export WANDB_MODE=disabled
+# The hundreds of Python processes the tests start import the project's modules: compiled once
+# and reused (some images set PYTHONDONTWRITEBYTECODE, and every process compiled them again).
+unset PYTHONDONTWRITEBYTECODE
 echo "set-up, seconds per step (side-by-side steps overlap):" >&2
 column -t -s $'\t' -N step,seconds,exit "$logs/times.tsv" >&2 || cat "$logs/times.tsv" >&2
 
@@ -141,8 +144,7 @@ if [ "$#" -gt 0 ]; then
 fi
 step 5 "the tests that mostly wait, in ${ATROPOS_TEST_WORKERS:-4} workers${ATROPOS_TESTS_NO_SKIP:+ (skips fail: ATROPOS_TESTS_NO_SKIP=1)}"
 parallel_status=0
-# loadgroup: the tests of one xdist_group share a worker (and so the expensive fixture they share)
-"${pytest[@]}" -m "not serial" -n "${ATROPOS_TEST_WORKERS:-4}" --dist loadgroup --durations=20 || parallel_status=$?
+"${pytest[@]}" -m "not serial" -n "${ATROPOS_TEST_WORKERS:-4}" --durations=20 || parallel_status=$?
 step 6 "the CPU-heavy tests (marked serial), one at a time"
 serial_status=0
 "${pytest[@]}" -m serial --durations=20 || serial_status=$?

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,25 +27,43 @@ from tests.example_trainer.distributed_steps import GRADIENT_CASES, batch_items
 from tests.example_trainer.test_precision import flat_update
 from tests.example_trainer.test_trainers import post_groups
 from tests.helpers import ApiProcess, free_port
+from tests.once_per_run import made_once
 from tests.local.stand_ins import stand_in_runtime
 
 torch = pytest.importorskip("torch")
-# The two launches that the tests of two-rank runs share: on one pytest-xdist worker, not one each.
-pytestmark = pytest.mark.xdist_group("distributed")
 STEPS_SCRIPT = Path(__file__).with_name("distributed_steps.py")
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_steps(model: Path, folder: Path, ranks: int, plan: dict[str, list[str]]) -> dict[str, dict]:
+def run_steps(model: Path, folder: Path, ranks: int, plan: dict[str, list[str]]) -> None:
     """Each run of `plan` (a name and `distributed_steps.py`'s options), in one launch of `ranks`
-    processes: what rank 0 wrote, by run."""
+    processes: rank 0 writes what each run gives to `folder`/results.pt."""
+    folder.mkdir()
     (folder / "plan.json").write_text(json.dumps(plan))
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
                "--master-port", str(free_port()), str(STEPS_SCRIPT), "--model", str(model),
                "--out", str(folder / "results.pt"), str(folder / "plan.json")]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return torch.load(folder / "results.pt", weights_only=True)
+
+
+def launch_every_run(model: Path, folder: Path) -> None:
+    """Every run the tests compare, in two launches: on two ranks, three AdamW steps with DDP and
+    with FSDP, each loss's one-step gradient (plain SGD), two bfloat16 steps at lr 1e-5 and an
+    FSDP checkpoint after step 2; then on one rank, what those must match (three AdamW steps,
+    the gradients, two float32 steps at lr 1e-5) and that checkpoint resumed. The model is copied
+    in, so that every worker compares against the weights these runs started from."""
+    shutil.copytree(model, folder / "model")
+    two = {"saved": ["--data-parallel", "fsdp", "--save-at", "2", "--save-path", str(folder / "checkpoints")]}
+    for parallel in ("ddp", "fsdp"):
+        two[f"train-{parallel}"] = ["--data-parallel", parallel]
+        two[f"gradients-{parallel}"] = ["--gradient-cases", "--data-parallel", parallel]
+        two[f"bfloat16-{parallel}"] = ["--lr", "1e-5", "--steps", "2", "--dtype", "bfloat16",
+                                       "--data-parallel", parallel]
+    run_steps(folder / "model", folder / "two-ranks", 2, two)
+    one = {"train": [], "gradients": ["--gradient-cases"], "float32": ["--lr", "1e-5", "--steps", "2"],
+           "resumed": ["--resume", str(folder / "checkpoints" / "step_2")]}
+    run_steps(folder / "model", folder / "one-rank", 1, one)
 
 
 def assert_same_training(one: dict, other: dict) -> None:
@@ -85,32 +104,19 @@ def test_the_ranks_shares_make_up_the_batch_and_keep_its_totals() -> None:
 
 
 @pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("checkpoints")
+def launches(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The two launches' folder, made once for all the workers that run these tests."""
+    return made_once(tmp_path_factory, "distributed-runs", lambda folder: launch_every_run(tiny_model, folder))
 
 
 @pytest.fixture(scope="module")
-def two_ranks(tiny_model: Path, checkpoints: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
-    """Every two-rank run, in one launch: three AdamW steps with DDP and with FSDP, each loss's
-    one-step gradient, two bfloat16 steps at lr 1e-5, and an FSDP checkpoint after step 2."""
-    plan = {"saved": ["--data-parallel", "fsdp", "--save-at", "2", "--save-path", str(checkpoints)]}
-    for parallel in ("ddp", "fsdp"):
-        plan[f"train-{parallel}"] = ["--data-parallel", parallel]
-        plan[f"gradients-{parallel}"] = ["--gradient-cases", "--data-parallel", parallel]
-        plan[f"bfloat16-{parallel}"] = ["--lr", "1e-5", "--steps", "2", "--dtype", "bfloat16",
-                                        "--data-parallel", parallel]
-    return run_steps(tiny_model, tmp_path_factory.mktemp("two-ranks"), 2, plan)
+def two_ranks(launches: Path) -> dict[str, dict]:
+    return torch.load(launches / "two-ranks" / "results.pt", weights_only=True)
 
 
 @pytest.fixture(scope="module")
-def one_rank(tiny_model: Path, checkpoints: Path, two_ranks: dict, tmp_path_factory: pytest.TempPathFactory,
-             ) -> dict[str, dict]:
-    """The same in one process, what every two-rank run must match: three AdamW steps, each
-    loss's one-step gradient (plain SGD) and two float32 steps at lr 1e-5; and the two-rank
-    checkpoint resumed."""
-    plan = {"train": [], "gradients": ["--gradient-cases"], "float32": ["--lr", "1e-5", "--steps", "2"],
-            "resumed": ["--resume", str(checkpoints / "step_2")]}
-    trained = run_steps(tiny_model, tmp_path_factory.mktemp("one-rank"), 1, plan)
+def one_rank(launches: Path) -> dict[str, dict]:
+    trained = torch.load(launches / "one-rank" / "results.pt", weights_only=True)
     assert len(trained["train"]["losses"]) == 3
     return trained
 
@@ -120,8 +126,8 @@ def test_two_ranks_train_like_one(data_parallel: str, one_rank: dict, two_ranks:
     assert_same_training(one_rank["train"], two_ranks[f"train-{data_parallel}"])
 
 
-def test_a_two_rank_checkpoint_resumes_in_one_process(one_rank: dict, checkpoints: Path) -> None:
-    assert (checkpoints / "step_2" / "optimizer.pt").is_file()
+def test_a_two_rank_checkpoint_resumes_in_one_process(one_rank: dict, launches: Path) -> None:
+    assert (launches / "checkpoints" / "step_2" / "optimizer.pt").is_file()
     trained = one_rank["train"]
     assert_same_training({**trained, "losses": trained["losses"][2:]}, one_rank["resumed"])
 
@@ -142,10 +148,10 @@ def test_two_ranks_compute_the_gradient_of_one_for_every_loss(data_parallel: str
 
 @pytest.mark.parametrize("data_parallel", ["ddp", "fsdp"])
 def test_bfloat16_compute_on_two_ranks_keeps_the_float32_update(data_parallel: str, one_rank: dict, two_ranks: dict,
-                                                                tiny_model: Path) -> None:
+                                                                launches: Path) -> None:
     from safetensors.torch import load_file
 
-    start = load_file(str(tiny_model / "model.safetensors"))
+    start = load_file(str(launches / "model" / "model.safetensors"))
     reference = flat_update(one_rank["float32"]["weights"], start)
     mixed = two_ranks[f"bfloat16-{data_parallel}"]["weights"]
     update = flat_update(mixed, start)
