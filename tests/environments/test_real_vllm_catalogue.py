@@ -83,10 +83,10 @@ def test_textworld_plays_a_real_game_on_the_real_engine(real_vllm: LocalVLLM, tm
 # Atropos's do), which a 135M model's groups nearly always are, show their wiring in evaluate.
 EVALUATED: list[tuple[str, str, tuple[str, ...]]] = [
     ("eval_environments/mmlu_eval.py", "mmlu_eval/test.jsonl", ("--env.eval_max_tokens", "64")),
-    ("tool_calling_server.py", "tool_calling/test.jsonl", (
-        "--env.max_token_length", "1024", "--env.train_file", str(FIXTURES / "tool_calling" / "train.jsonl"))),
+    ("tool_calling_server.py", "tool_calling/test.jsonl", (  # prompts under 380 tokens, answers up to ~260
+        "--env.max_token_length", "640", "--env.train_file", str(FIXTURES / "tool_calling" / "train.jsonl"))),
     ("fundamental_prediction_environment.py", "fundamental_prediction/fundamentals.jsonl", (
-        "--env.max_token_length", "768",
+        "--env.max_token_length", "512",  # a prompt of ~220 tokens, an answer of up to ~290
         "--env.train_file", str(FIXTURES / "fundamental_prediction" / "fundamentals.jsonl"))),
 ]
 
