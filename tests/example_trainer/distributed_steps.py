@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -138,7 +139,7 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("plan", help="a JSON file: each run's name and its options")
     launch = parser.parse_args()
-    plan: dict[str, list[str]] = json.loads(open(launch.plan).read())
+    plan: dict[str, list[str]] = json.loads(Path(launch.plan).read_text())
     ranks = distributed.start(TrainingConfig(model_name=launch.model, device="cpu"))
     results = {}
     try:
