@@ -27,8 +27,8 @@ from tests.example_trainer.distributed_steps import GRADIENT_CASES, batch_items
 from tests.example_trainer.test_precision import flat_update
 from tests.example_trainer.test_trainers import post_groups
 from tests.helpers import ApiProcess, free_port
-from tests.once_per_run import made_once
 from tests.local.stand_ins import stand_in_runtime
+from tests.once_per_run import made_once
 
 torch = pytest.importorskip("torch")
 STEPS_SCRIPT = Path(__file__).with_name("distributed_steps.py")
