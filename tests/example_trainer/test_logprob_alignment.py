@@ -110,6 +110,7 @@ def test_atropos_vllm_serve_reports_the_sampled_distributions_logprobs_and_its_v
         real_vllm: LocalVLLM, real_model_dir: Path, trainer_model: Any, tmp_path: Path) -> None:
     model, _ = trainer_model
     assert real_vllm.dtype.dtype == "float32"
+    real_vllm.reload_weights(real_model_dir, policy_version=0)  # another test may have left other weights
     group = sampled_group(real_vllm.base_url, real_model_dir, tmp_path, {"temperature": 0.7, "top_p": 0.9})
     assert group["generation_params"] == {"temperature": 0.7, "top_p": 0.9, "policy_version": 0}
     assert misalignment(model, group) <= ALIGNED
