@@ -84,7 +84,7 @@ else:  # run as a script: its own folder is on sys.path
     from bridge_routes import BridgeHooks, bridge_router
     from openai_routes import CLIENT_CLOSED, EngineHooks, openai_router
 
-# atroposlib's vLLM plugins (the reload worker extension), beside this package in a checkout and
+# atroposlib's vLLM plugins (the reload worker extension, the forked engine core), beside this package in a checkout and
 # in an installed wheel; put on the path of this process and of the engine's worker processes
 PLUGINS_DIR = Path(__file__).resolve().parent.parent / "atroposlib" / "local" / "vllm_plugins"
 WORKER_EXTENSION = "atropos_worker.ReloadWorkerExtension"
@@ -423,6 +423,10 @@ async def serve(args: argparse.Namespace) -> None:
     state.policy_version = args.policy_version
     sys.path.insert(0, str(PLUGINS_DIR))
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, (str(PLUGINS_DIR), os.environ.get("PYTHONPATH"))))
+    # vLLM loaded its plugins when the parser was built, before this folder was on the path
+    from atropos_engine_fork import fork_the_engine_core
+
+    fork_the_engine_core()
     # uvicorn re-raises the SIGTERM it caught once it has stopped: with the default handler the
     # process would die right there, skipping `engine.shutdown()` and leaving the engine's
     # processes running when only the server's own pid was signalled (`kill PID`)

@@ -82,6 +82,39 @@ class BundledServerStart:
         return self.manager
 
 
+@dataclass
+class EngineProcess:
+    """One of a vLLM server's processes: its pid, its name (vLLM sets its processes' titles) and
+    where its environment block lies in its memory (``/proc/PID/stat``'s env_start, env_end).
+    A forked process has its parent's memory layout, so the same addresses; a spawned one is a
+    new program, laid out afresh (vLLM's titles overwrite the block's contents, not its place)."""
+
+    pid: int
+    name: str
+    environment_block: tuple[int, int]
+
+    @classmethod
+    def of(cls, pid: int) -> "EngineProcess":
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()  # from field 3, state
+        name = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].strip().decode()
+        return cls(pid, name, (int(fields[47]), int(fields[48])))
+
+    def children(self) -> list["EngineProcess"]:
+        pids = Path(f"/proc/{self.pid}/task/{self.pid}/children").read_text().split()
+        return [EngineProcess.of(int(pid)) for pid in pids]
+
+    def child(self, name: str) -> "EngineProcess":
+        return next(child for child in self.children() if child.name == name)
+
+
+def assert_engine_core_forked_and_worker_spawned(server_pid: int) -> None:
+    server = EngineProcess.of(server_pid)
+    engine_core = server.child("VLLM::EngineCore")
+    worker = engine_core.child("VLLM::Worker")
+    assert engine_core.environment_block == server.environment_block, "the engine core was not forked"
+    assert worker.environment_block != engine_core.environment_block, "the worker was not spawned"
+
+
 def to_terminal(line: str) -> None:
     """Past pytest's output capture, so the line shows while the suite runs."""
     print(f"\n{line}", file=sys.__stderr__, flush=True)

@@ -22,8 +22,8 @@ from atroposlib.local.vllm_service import LocalVLLM
 from tests.conftest import registration
 from tests.doc_commands import readme_arguments
 from tests.helpers import ApiProcess, free_port
-from tests.real_engine import ROOT
 from tests.local.stand_ins import killed_at_exit, signal_and_read, wait_until
+from tests.real_engine import ROOT, assert_engine_core_forked_and_worker_spawned
 
 pytestmark = [pytest.mark.real_vllm, pytest.mark.slow]
 QUESTION = [{"role": "user", "content": "Tom has 3 apples and buys 4 more. How many apples does he have?"}]
@@ -59,7 +59,8 @@ def test_managed_server_tracks_real_tokens_masks_and_logprobs(real_vllm: LocalVL
         assert tokenizer.decode(node.tokens[prompt_length:], skip_special_tokens=True) == choice.message.content
         completion_logprobs = node.logprobs[prompt_length:]
         assert node.logprobs[:prompt_length] == [1.0] * prompt_length
-        assert len(completion_logprobs) == len(node.tokens) - prompt_length and all(lp <= 0 for lp in completion_logprobs)
+        assert len(completion_logprobs) == len(node.tokens) - prompt_length
+        assert all(lp <= 0 for lp in completion_logprobs)
         # the sampler's logprob of each completion token matches a prompt_logprobs re-score
         ids, logprobs = scores["prompt_topk_token_ids"], scores["prompt_topk_logprobs"]
         for position, sampled in enumerate(completion_logprobs, start=prompt_length):
@@ -124,6 +125,11 @@ def _prompt_logprobs(server: LocalVLLM, ids: list[int]) -> list[float]:
     return [next(iter(entry.values()))["logprob"] for entry in answer["choices"][0]["prompt_logprobs"][1:]]
 
 
+def test_the_engine_core_is_forked_from_the_server_and_the_worker_spawned(real_vllm: LocalVLLM) -> None:
+    assert real_vllm.process is not None
+    assert_engine_core_forked_and_worker_spawned(real_vllm.process.pid)
+
+
 def test_new_weights_are_served_without_a_restart(real_vllm: LocalVLLM, tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     from safetensors.torch import load_file, save_file
@@ -131,7 +137,8 @@ def test_new_weights_are_served_without_a_restart(real_vllm: LocalVLLM, tmp_path
     changed = tmp_path / "changed"
     shutil.copytree(real_vllm.model_dir, changed)
     weights = load_file(changed / "model.safetensors")
-    weights["model.norm.weight"] = weights["model.norm.weight"] * torch.tensor(0.25, dtype=weights["model.norm.weight"].dtype)
+    norm = weights["model.norm.weight"]
+    weights["model.norm.weight"] = norm * torch.tensor(0.25, dtype=norm.dtype)
     save_file(weights, changed / "model.safetensors", metadata={"format": "pt"})
     ids = transformers.AutoTokenizer.from_pretrained(real_vllm.model_dir).encode("The capital of France is Paris.")
     before = _prompt_logprobs(real_vllm, ids)
