@@ -36,9 +36,9 @@ SIDES = {"forked engine core": {}, "vLLM's CPU start (all spawned)": {"VLLM_PLUG
 COMPLETIONS, TOKENS = 16, 64
 
 
-def one_start(model: Path, environ: dict[str, str], log: Path) -> dict[str, float]:
-    """Start the server, time its start and a fixed generation, stop it."""
-    server = LocalVLLM(model, dtype="float32", environ=environ, log_path=log)
+def one_start(model: Path, environ: dict[str, str]) -> dict[str, float]:
+    """Start the server (its log in $ATROPOS_HOME/logs), time its start and a fixed generation, stop it."""
+    server = LocalVLLM(model, dtype="float32", environ=environ)
     started = time.monotonic()
     server.start(timeout=900)
     try:
@@ -62,12 +62,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "results" / "vllm_start.json")
     args = parser.parse_args()
     model = prepare_model()
-    logs = Path(args.out).with_suffix(".logs")
-    logs.mkdir(parents=True, exist_ok=True)
     runs: dict[str, list[dict[str, float]]] = {side: [] for side in SIDES}
     for round_ in range(args.rounds):
-        for index, (side, environ) in enumerate(SIDES.items()):
-            runs[side].append(one_start(model, environ, logs / f"round{round_}-side{index}.log"))
+        for side, environ in SIDES.items():
+            runs[side].append(one_start(model, environ))
             print(f"round {round_ + 1}/{args.rounds}, {side}: {runs[side][-1]}", flush=True)
     cpu = read_cpu()
     bf16 = "with" if {"avx512_bf16", "amx_bf16"} & cpu.flags else "without"
