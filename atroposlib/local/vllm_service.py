@@ -7,7 +7,7 @@ use every core: ``--enforce-eager`` (no graph compilation at each start), a 1 Gi
 cache (2 GiB in float32), OpenMP threads bound to all cores, and the dtype the CPU is fast
 in (bfloat16 only with bf16 instructions, else float32: see `atroposlib.local.cpu`), and the
 engine core forked from the API server rather than spawned (``vllm_plugins/atropos_engine_fork.py``:
-one import of vLLM fewer, ~10-20 s of a 35-55 s start on 2 cores).
+one import of vLLM fewer: 33.5 s to answer instead of 46.8 s on 2 cores, `bench/vllm_start.py`).
 The server program is stock vLLM's OpenAI server unless another entrypoint is given (the
 GRPO trainer launches its own, `example_trainer/vllm_api_server.py`, the same way); a port
 some other process already listens on is an error (`PortInUseError`), never taken over.

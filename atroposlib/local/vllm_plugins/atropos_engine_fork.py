@@ -1,15 +1,15 @@
 """On a CPU, vLLM's engine core is forked from its API server instead of spawned: a start
-~20 s shorter on 2 cores.
+~13 s shorter on 2 cores.
 
 vLLM serves from three processes started one after the other: the API server, the engine
 core and the model worker. On a GPU it forks the engine core from the API server; its CPU
 platform starts every process by spawning (`VLLM_WORKER_MULTIPROC_METHOD=spawn`), and each
 fresh interpreter imports vLLM and torch again: ~15 s apiece on a 2-core AVX2 CPU. The API
 server has imported all of it when it starts the engine core, so the engine core is forked,
-as on a GPU: the server answers after 24-39 s instead of 47-57 s, with the same answers
-and the same tokens per second (measured on the bundled model, float32). The worker is still
-spawned: forked from the engine core, it generated 30-50% slower (an OpenMP thread pool
-does not survive a fork).
+as on a GPU: the server answers after 33.5 s instead of 46.8 s, with the same answers and
+the same tokens per second (bundled model, float32, median of 3: `bench/vllm_start.py`). The
+worker is still spawned: forked from the engine core, it generated 30-50% slower (an OpenMP
+thread pool does not survive a fork).
 
 vLLM loads this as a general plugin in each of its processes (the ``vllm.general_plugins``
 entry point in ``atropos_vllm_plugins-1.0.dist-info`` beside this file, found because the
