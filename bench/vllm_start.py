@@ -28,7 +28,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from atroposlib.local.cpu import read_cpu  # noqa: E402
+from atroposlib.local.cpu import BF16_FLAGS, read_cpu  # noqa: E402
 from atroposlib.local.prepare_model import prepare_model  # noqa: E402
 from atroposlib.local.vllm_service import LocalVLLM  # noqa: E402
 
@@ -68,7 +68,7 @@ def main() -> None:
             runs[side].append(one_start(model, environ))
             print(f"round {round_ + 1}/{args.rounds}, {side}: {runs[side][-1]}", flush=True)
     cpu = read_cpu()
-    bf16 = "with" if {"avx512_bf16", "amx_bf16"} & cpu.flags else "without"
+    bf16 = "with" if cpu.flags.intersection(BF16_FLAGS) else "without"
     summary: dict[str, Any] = {"cpu": f"{cpu.model_name}, {os.cpu_count()} cores, {bf16} bf16 instructions",
                                "rounds": args.rounds, "sides": {}}
     for side, measured in runs.items():
