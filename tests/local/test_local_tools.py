@@ -49,6 +49,7 @@ def _built_runtime(path: Path, packages: list[str]) -> Runtime:
 def test_a_runtime_is_reused_while_its_pins_hold_and_built_again_when_they_change(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     commands: list[list[str]] = []
+    monkeypatch.setenv("ATROPOS_UV", "pip")
     monkeypatch.setattr(subprocess, "run", lambda command, **_: commands.append(command))
     current = _built_runtime(tmp_path / "current", packages_for("cpu"))
     assert current.install(device="cpu", say=lambda line: None).packages == packages_for("cpu")
