@@ -9,11 +9,11 @@ atropos_checkout="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 ensure_uv() {
     [ -x "$atropos_checkout/.venv/bin/python" ] || python3 -m venv "$atropos_checkout/.venv" || return 1
     if [ -n "${ATROPOS_UV:-}" ]; then return 0; fi  # chosen by the caller (a path, or `pip`)
-    local uv="$atropos_checkout/.venv/bin/uv"
-    if [ -x "$uv" ] || "$atropos_checkout/.venv/bin/python" -m pip install -q --disable-pip-version-check uv; then
+    local uv="$atropos_checkout/.venv/bin/uv" said
+    if [ -x "$uv" ] || said="$("$atropos_checkout/.venv/bin/python" -m pip install -q --disable-pip-version-check uv 2>&1)"; then
         export ATROPOS_UV="$uv"
     else
-        echo "note: uv did not install: pip builds the venvs (several times slower)" >&2
+        echo "note: uv did not install ($(printf '%s' "$said" | tail -n 1)): pip builds the venvs (several times slower)" >&2
     fi
 }
 install_into() {
