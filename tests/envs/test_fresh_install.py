@@ -1,6 +1,7 @@
 """The README's install gives what Atropos's core install gives: an Atropos-style env file runs after it.
 
-A fresh virtual environment, ``pip install <checkout>`` as the README says (no extras), then an
+A fresh virtual environment, ``pip install <checkout>`` as the README says (no extras; uv runs it
+with pip's configuration where uv is at hand: atroposlib/local/installer.py), then an
 environment file that imports ``datasets``, ``wandb``, ``tqdm`` and ``math_verify`` at the top,
 as Atropos's own environment files do, writes scored groups in ``process`` mode.
 """
@@ -16,11 +17,12 @@ from pathlib import Path
 
 import pytest
 
+from atroposlib.local.installer import install_command
 from tests.doc_commands import command
 from tests.envs.conftest import ROOT
 
-# the first test also waits for the module's fresh install (pip may take up to 1200 s on a busy machine):
-# the suite's 300 s per test would count that wait against it
+# the first test also waits for the module's fresh install (pip, where uv is missing, may take up to 1200 s
+# on a busy machine): the suite's 300 s per test would count that wait against it
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
 ENV_FILE = ROOT / "tests" / "envs" / "atropos_style" / "dataset_env.py"
@@ -31,19 +33,22 @@ def fresh_install(tmp_path_factory: pytest.TempPathFactory) -> Path:
     target = tmp_path_factory.mktemp("fresh") / "venv"
     venv.create(target, with_pip=True)
     python = target / "bin" / "python"
-    pip, *install = command("README.md", "pip-install", "pip install")  # the README's install, in the clone
-    # --no-compile: only the modules the tests import get bytecode (at import), which halves the
-    # install's CPU time (58 -> 31 s on 2 cores) and leaves what is installed the same
-    installed = subprocess.run([str(python), "-m", pip, *install, "-q", "--disable-pip-version-check", "--no-compile"],
-                               cwd=ROOT, capture_output=True, text=True, timeout=1200)
-    assert installed.returncode == 0, installed.stderr[-3000:]
+    # the README's install, in the clone, run by uv with pip's configuration where uv is at hand (as
+    # scripts/setup.sh does): the releases pip takes (tests/local/test_installer.py), in a tenth of pip's time
+    pip, verb, *requirements = command("README.md", "pip-install", "pip install")
+    installing = install_command(python, [str(ROOT) if each == "." else each for each in requirements])
+    try:
+        installing.run()
+    except subprocess.CalledProcessError as failed:
+        pytest.fail(f"{installing.shown()} failed with exit status {failed.returncode}")
     return python
 
 
 def test_core_install_has_no_torch_and_imports_what_atropos_envs_use(fresh_install: Path) -> None:
     modules = ["datasets", "aiohttp", "aiofiles", "jsonlines", "wandb", "gymnasium", "rich", "nltk", "polars",
                "math_verify", "transformers", "openai", "tenacity", "markdown", "jinja2", "numpy", "tqdm"]
-    probe = f"import importlib.util, sys; import {', '.join(modules)}; sys.exit(importlib.util.find_spec('torch') is not None)"
+    probe = (f"import importlib.util, sys; import {', '.join(modules)}; "
+             "sys.exit(importlib.util.find_spec('torch') is not None)")
     result = subprocess.run([str(fresh_install), "-c", probe], capture_output=True, text=True, timeout=300, cwd="/")
     assert result.returncode == 0, result.stderr[-2000:] or "torch is installed by the core install"
 
