@@ -35,6 +35,7 @@ AS_ENVIRONMENT = {"cert": ("SSL_CERT_FILE",), "timeout": ("UV_HTTP_TIMEOUT",),
 WITHOUT_EFFECT = {"disable-pip-version-check", "no-cache-dir", "cache-dir", "quiet", "verbose", "progress-bar",
                   "root-user-action", "no-warn-script-location", "retries", "no-input", "no-color", "log",
                   "config-file", "require-virtualenv", "break-system-packages"}
+COMPILE = "--compile-bytecode"
 # the sections pip reads for `pip install`, in the order later ones override earlier ones
 INSTALL_SECTIONS = ("global", "install", ":env:")
 
@@ -88,9 +89,14 @@ def pip_settings(python: Path) -> dict[str, str]:
     return merged
 
 
+def is_true(value: str) -> bool:
+    return value.lower() in ("1", "true", "yes", "on")
+
+
 def uv_for(settings: dict[str, str], uv: str) -> Optional[UvCommand]:
     """uv with `settings` carried over, or None when one of them has no uv counterpart."""
-    flags = ["--index-strategy", "unsafe-best-match"]  # pip takes the best release across all its indexes
+    # pip takes the best release across all its indexes, and writes the installed modules' bytecode
+    flags = ["--index-strategy", "unsafe-best-match", COMPILE]
     environment: dict[str, str] = {}
     for key, value in settings.items():
         if key in LISTED_FLAGS:
@@ -98,7 +104,9 @@ def uv_for(settings: dict[str, str], uv: str) -> Optional[UvCommand]:
         elif key in AS_ENVIRONMENT:
             environment.update({variable: value for variable in AS_ENVIRONMENT[key]})
         elif key == "no-index":
-            flags += ["--no-index"] if value.lower() in ("1", "true", "yes", "on") else []
+            flags += ["--no-index"] if is_true(value) else []
+        elif key == "no-compile":
+            flags = [flag for flag in flags if flag != COMPILE or not is_true(value)]
         elif key not in WITHOUT_EFFECT:
             return None
     return UvCommand(uv, flags, environment)
@@ -115,13 +123,16 @@ def chosen_uv(python: Path) -> Optional[UvCommand]:
     return uv_for(settings, uv)
 
 
-def install_command(python: Path, requirements: Sequence[str], uninstall: bool = False) -> InstallCommand:
-    """The command that installs (or uninstalls) `requirements` into the venv of `python`."""
+def install_command(python: Path, requirements: Sequence[str], uninstall: bool = False,
+                    bytecode: bool = True) -> InstallCommand:
+    """The command that installs (or uninstalls) `requirements` into the venv of `python`; without
+    `bytecode`, the installed modules are compiled when first imported instead of all at once."""
     uv = chosen_uv(python)
     if uv is None:
-        verb = ["uninstall", "-y"] if uninstall else ["install"]
+        verb = ["uninstall", "-y"] if uninstall else ["install", *([] if bytecode else ["--no-compile"])]
         return InstallCommand([str(python), "-m", "pip", *verb, "-q", "--disable-pip-version-check", *requirements])
-    verb = ["uninstall"] if uninstall else ["install", *uv.flags]
+    flags = [flag for flag in uv.flags if bytecode or flag != COMPILE]
+    verb = ["uninstall"] if uninstall else ["install", *flags]
     return InstallCommand([uv.uv, "pip", *verb, "-q", "--python", str(python), *requirements], uv.environment)
 
 

@@ -34,9 +34,10 @@ def fresh_install(tmp_path_factory: pytest.TempPathFactory) -> Path:
     venv.create(target, with_pip=True)
     python = target / "bin" / "python"
     # the README's install, in the clone, run by uv with pip's configuration where uv is at hand (as
-    # scripts/setup.sh does): the releases pip takes (tests/local/test_installer.py), in a tenth of pip's time
+    # scripts/setup.sh does): the releases pip takes (tests/local/test_installer.py), in a tenth of pip's time;
+    # without bytecode, only the modules the tests import are compiled (when imported): the same files installed
     pip, verb, *requirements = command("README.md", "pip-install", "pip install")
-    installing = install_command(python, [str(ROOT) if each == "." else each for each in requirements])
+    installing = install_command(python, [str(ROOT) if each == "." else each for each in requirements], bytecode=False)
     try:
         installing.run()
     except subprocess.CalledProcessError as failed:

@@ -60,10 +60,25 @@ def test_pip_settings_become_uv_flags_and_environment() -> None:
                  "find-links": "/wheels", "constraint": "/c.txt", "cert": "/ca.pem", "default-timeout": "180",
                  "disable-pip-version-check": "1", "no-index": "false"}, "uv")
     assert uv is not None
-    assert uv.flags == ["--index-strategy", "unsafe-best-match", "--index-url", "https://mirror/simple",
+    assert uv.flags == ["--index-strategy", "unsafe-best-match", "--compile-bytecode", "--index-url", "https://mirror/simple",
                         "--extra-index-url", "file:///a", "--extra-index-url", "file:///b",
                         "--find-links", "/wheels", "--constraint", "/c.txt"]
     assert uv.environment == {"SSL_CERT_FILE": "/ca.pem", "UV_HTTP_TIMEOUT": "180"}
+
+
+def test_bytecode_is_written_at_install_as_pip_does_unless_pip_or_the_caller_says_not_to(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ATROPOS_UV", "/some/uv")
+    settings = {"no-index": "1"}
+    monkeypatch.setattr(installer, "pip_settings", lambda python: settings)
+    python = tmp_path / "bin" / "python"
+    assert "--compile-bytecode" in install_command(python, ["x"]).argv
+    assert "--compile-bytecode" not in install_command(python, ["x"], bytecode=False).argv
+    settings["no-compile"] = "true"
+    assert "--compile-bytecode" not in install_command(python, ["x"]).argv
+    monkeypatch.setenv("ATROPOS_UV", "pip")
+    assert "--no-compile" in install_command(python, ["x"], bytecode=False).argv
+    assert "--no-compile" not in install_command(python, ["x"]).argv
 
 
 @pytest.mark.parametrize("setting", [{"user": "true"}, {"prefer-binary": "1"}, {"use-feature": "truststore"}])
