@@ -99,6 +99,9 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 reference="${ATROPOS_REFERENCE_PYTHON:-$(pwd)/.cache/refvenv/bin/python}"
+# No bytecode written at install (pip's own setting, which uv follows): the tests' processes write
+# it for the modules they import (PYTHONDONTWRITEBYTECODE is unset below), a fraction of them all.
+export PIP_COMPILE=0
 uv_started=$SECONDS
 ensure_uv  # every venv below is installed by uv, where it can be had
 printf 'uv\t%s\t0\n' "$((SECONDS - uv_started))" >> "$logs/times.tsv"
@@ -135,7 +138,7 @@ export ATROPOS_REFERENCE_PYTHON="$reference"
 export WANDB_MODE=disabled
 # The hundreds of Python processes the tests start import the project's modules: compiled once
 # and reused (some images set PYTHONDONTWRITEBYTECODE, and every process compiled them again).
-unset PYTHONDONTWRITEBYTECODE
+unset PYTHONDONTWRITEBYTECODE PIP_COMPILE
 echo "set-up, seconds per step (side-by-side steps overlap):" >&2
 column -t -s $'\t' -N step,seconds,exit "$logs/times.tsv" >&2 || cat "$logs/times.tsv" >&2
 

@@ -105,8 +105,10 @@ def uv_for(settings: dict[str, str], uv: str) -> Optional[UvCommand]:
             environment.update({variable: value for variable in AS_ENVIRONMENT[key]})
         elif key == "no-index":
             flags += ["--no-index"] if is_true(value) else []
-        elif key == "no-compile":
-            flags = [flag for flag in flags if flag != COMPILE or not is_true(value)]
+        elif key in ("compile", "no-compile"):
+            # pip gives either setting's value to its `compile` option as it is: "no-compile = false"
+            # turns compiling off too (checked with pip 23 and 25)
+            flags = [flag for flag in flags if flag != COMPILE] + ([COMPILE] if is_true(value) else [])
         elif key not in WITHOUT_EFFECT:
             return None
     return UvCommand(uv, flags, environment)

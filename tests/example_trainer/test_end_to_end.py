@@ -110,7 +110,8 @@ def environment_command(api: ApiProcess, vllm_port: int, model_dir: Path, tmp_pa
 
 
 def trainer_command(api: ApiProcess, vllm_port: int, model_dir: Path, tmp_path: Path, *extra: str) -> list[str]:
-    """The README's terminal 2 (block training-commands), then the test's sizes, ports and folders (the last value wins)."""
+    """The README's terminal 2 (block training-commands), then the test's sizes, ports and folders
+    (the last value wins)."""
     return [sys.executable, "-u", "-m", "example_trainer.grpo",
             *readme_arguments("training-commands", "atropos-grpo", MODEL=str(model_dir)),
             "--training-steps", "2", "--batch-size", "4", "--gradient-accumulation-steps", "2",
@@ -131,6 +132,18 @@ def stop(process: subprocess.Popen[bytes], timeout: float = 120) -> int:
     return process.wait(timeout)
 
 
+def stop_at_once(env: subprocess.Popen[bytes]) -> int:
+    """An environment's second SIGTERM ends it without the grace its groups in flight get after the
+    first (up to 30 s): once the trainer has stopped vLLM they cannot finish."""
+    if env.poll() is None:
+        env.send_signal(signal.SIGTERM)
+        try:
+            return env.wait(2)
+        except subprocess.TimeoutExpired:
+            env.send_signal(signal.SIGTERM)
+    return env.wait(120)
+
+
 def test_two_steps_of_grpo_restart_vllm_on_the_new_checkpoint(api: ApiProcess, real_model_dir: Path,
                                                               tmp_path: Path) -> None:
     from transformers import AutoTokenizer
@@ -149,7 +162,7 @@ def test_two_steps_of_grpo_restart_vllm_on_the_new_checkpoint(api: ApiProcess, r
             returncode = trainer.wait(1200)
         finally:
             stop(trainer)
-            stop(env)
+            stop_at_once(env)
     log = trainer_log.read_text(errors="replace")
     assert returncode == 0, log[-4000:] + env_log.read_text(errors="replace")[-2000:]
     checkpoints = tmp_path / "checkpoints"

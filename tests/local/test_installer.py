@@ -74,8 +74,10 @@ def test_bytecode_is_written_at_install_as_pip_does_unless_pip_or_the_caller_say
     python = tmp_path / "bin" / "python"
     assert "--compile-bytecode" in install_command(python, ["x"]).argv
     assert "--compile-bytecode" not in install_command(python, ["x"], bytecode=False).argv
-    settings["no-compile"] = "true"
+    settings["compile"] = "0"  # PIP_COMPILE=0, as scripts/test.sh sets for its set-up
     assert "--compile-bytecode" not in install_command(python, ["x"]).argv
+    settings["no-compile"] = "1"  # pip reads this as compile = 1: uv follows pip, not the setting's name
+    assert "--compile-bytecode" in install_command(python, ["x"]).argv
     monkeypatch.setenv("ATROPOS_UV", "pip")
     assert "--no-compile" in install_command(python, ["x"], bytecode=False).argv
     assert "--no-compile" not in install_command(python, ["x"]).argv
