@@ -16,7 +16,6 @@ import asyncio
 import importlib.metadata
 import os
 import shutil
-import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -29,6 +28,7 @@ import transformers
 
 from atroposlib.envs.server_handling.configs import APIServerConfig
 from atroposlib.envs.server_handling.server_manager import ServerManager
+from atroposlib.local.installer import install_command
 from atroposlib.local.paths import atropos_home
 from atroposlib.local.runtime import Runtime
 from example_trainer.inference_servers import InferenceServerError, InferenceServers
@@ -50,8 +50,7 @@ def runtime_test_tools(runtime: Runtime) -> Path:
     if not (folder / "pytest_asyncio").is_dir():
         staging = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
         pins = [f"{name}=={importlib.metadata.version(name)}" for name in RUNTIME_TEST_TOOLS]
-        subprocess.run([str(runtime.python), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                        "--no-deps", "--target", str(staging), *pins], check=True)
+        install_command(runtime.python, ["--no-deps", "--target", str(staging), *pins]).run()
         try:
             staging.rename(folder)
         except OSError:  # another test run installed it meanwhile
