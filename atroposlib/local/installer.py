@@ -1,11 +1,12 @@
 """Installing packages into a virtual environment: with uv where it is at hand, with pip otherwise.
 
 uv installs the releases pip would install (it is told to weigh every index alike, as pip
-does) in a fraction of the time: on a 2-core CPU the vLLM runtime took 16 s against pip's
-221 s, the project's `.venv` 21 s against 282 s. uv reads none of pip's configuration, so
-pip's own settings (from its files and its ``PIP_*`` variables, as ``pip config list`` shows
-them) are handed to uv as flags; a pip setting uv has no counterpart for sends the install to
-pip instead, so that uv never installs something pip would not.
+does) in a fraction of the time: on a 2-core CPU the vLLM runtime took 63 s against pip's
+214-221 s, both writing bytecode (18 s without), and CI's set-up 1.5 min against 8. uv reads
+none of pip's configuration, so pip's own settings (from its files and its ``PIP_*``
+variables, as ``pip config list`` shows them) are handed to uv as flags; a pip setting uv has
+no counterpart for sends the install to pip instead, so that uv never installs something pip
+would not.
 
 uv is looked for in ``$ATROPOS_UV`` (a path; ``pip`` there turns uv off), beside the running
 interpreter (a venv that holds the ``uv`` package), then on ``PATH``. The scripts run this
