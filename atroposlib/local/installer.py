@@ -70,6 +70,8 @@ def find_uv() -> Optional[str]:
     if chosen == "pip":
         return None
     if chosen:
+        if not (os.path.isfile(chosen) and os.access(chosen, os.X_OK)):
+            raise FileNotFoundError(f"ATROPOS_UV={chosen} is not an executable: name uv's path, or `pip` for pip")
         return chosen
     beside = Path(sys.executable).with_name("uv")
     return str(beside) if beside.is_file() else shutil.which("uv")
@@ -150,6 +152,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         install_command(args.python, args.requirements, args.uninstall).run()
     except subprocess.CalledProcessError as failed:
         return failed.returncode or 1
+    except FileNotFoundError as missing:
+        print(f"error: {missing}", file=sys.stderr)
+        return 1
     return 0
 
 

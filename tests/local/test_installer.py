@@ -35,6 +35,13 @@ def simple_index(folder: Path, version: str) -> str:
     return (folder / "simple").as_uri()
 
 
+def a_program(path: Path) -> Path:
+    """An executable file (what $ATROPOS_UV must name; these tests never run it)."""
+    path.write_text("#!/bin/sh\nexit 1\n")
+    path.chmod(0o755)
+    return path
+
+
 def pip_configured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str) -> None:
     """pip configured by `text` (with the machine's PIP_* variables, which would override it, removed)."""
     for variable in [name for name in os.environ if name.startswith("PIP_")]:
@@ -68,7 +75,7 @@ def test_pip_settings_become_uv_flags_and_environment() -> None:
 
 def test_bytecode_is_written_at_install_as_pip_does_unless_pip_or_the_caller_says_not_to(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ATROPOS_UV", "/some/uv")
+    monkeypatch.setenv("ATROPOS_UV", str(a_program(tmp_path / "uv")))
     settings = {"no-index": "1"}
     monkeypatch.setattr(installer, "pip_settings", lambda python: settings)
     python = tmp_path / "bin" / "python"
@@ -87,7 +94,7 @@ def test_bytecode_is_written_at_install_as_pip_does_unless_pip_or_the_caller_say
 def test_a_pip_setting_uv_cannot_follow_sends_the_install_to_pip(setting: dict[str, str], tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     assert uv_for(setting, "uv") is None
-    monkeypatch.setenv("ATROPOS_UV", "/some/uv")
+    monkeypatch.setenv("ATROPOS_UV", str(a_program(tmp_path / "uv")))
     monkeypatch.setattr(installer, "pip_settings", lambda python: setting)
     command = install_command(tmp_path / "bin" / "python", ["tiny-demo"])
     assert command.argv[1:4] == ["-m", "pip", "install"]
@@ -96,6 +103,14 @@ def test_a_pip_setting_uv_cannot_follow_sends_the_install_to_pip(setting: dict[s
 def test_atropos_uv_pip_turns_uv_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ATROPOS_UV", "pip")
     assert install_command(tmp_path / "python", ["x"], uninstall=True).argv[1:5] == ["-m", "pip", "uninstall", "-y"]
+
+
+def test_an_atropos_uv_that_is_no_program_is_named_in_one_line(tmp_path: Path) -> None:
+    environment = {**os.environ, "ATROPOS_UV": str(tmp_path / "no-uv")}
+    done = subprocess.run([sys.executable, str(ROOT / "atroposlib" / "local" / "installer.py"), "--python",
+                           sys.executable, "--", "tiny-demo"], capture_output=True, text=True, env=environment)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert f"error: ATROPOS_UV={tmp_path / 'no-uv'} is not an executable" in done.stderr
 
 
 def installed_version(python: Path) -> str:
