@@ -4,9 +4,8 @@
 # Set-up: uv first (scripts/uv.sh; it installs what pip would, several times faster), then the
 # project's .venv (the vLLM runtime's installer lives in it), with the reference atroposlib venv,
 # the transformers 4 venv and the system packages (Chromium, Slurm) built beside it; then the
-# vLLM CPU runtime. Every venv records a hash of what it was built
-# from and is reused while that holds (scripts/venv_stamp.sh). Each step's seconds are printed
-# at the end of set-up.
+# vLLM CPU runtime. Every venv records a hash of what it was built from and is reused while that
+# holds (scripts/venv_stamp.sh). Each step's seconds are printed at the end of set-up.
 #
 # The suite then runs in two parts (with no arguments; arguments go to one plain pytest run):
 # the tests that mostly wait on servers, subprocesses and HTTP in parallel workers

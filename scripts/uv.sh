@@ -1,4 +1,5 @@
-# Sourced by scripts/setup.sh, scripts/test.sh and bench/setup_reference.sh: what builds the venvs.
+# Sourced by scripts/setup.sh, scripts/test.sh, bench/setup_reference.sh and bench/setup_trl.sh:
+# what builds the venvs.
 #
 # `ensure_uv` makes the project's .venv (when missing) and puts uv in it, then exports
 # ATROPOS_UV so that every venv built after it (the vLLM runtime's too) is installed by uv,
