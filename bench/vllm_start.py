@@ -1,5 +1,6 @@
-"""How long the local vLLM server takes to answer, with its engine core forked (atroposlib's
-``atropos_engine_fork`` plugin) against vLLM's own CPU start (every process spawned), in one run.
+"""How long the local vLLM server takes to answer, with its engine core forked and running the
+model itself (atroposlib's ``atropos_engine_fork`` plugin) against vLLM's own CPU start (the
+engine core and the model worker each spawned), in one run.
 
     .venv/bin/python bench/vllm_start.py --rounds 3
 
@@ -8,7 +9,7 @@ each way, in turns, so a noisy machine slows both alike: vLLM's own start is the
 ``VLLM_PLUGINS=""`` (vLLM loads none of its general plugins; the reload extension and the
 policy-version middleware are flags, not plugins, and stay). Timed: seconds until /health
 answers, then a fixed generation (16 completions of 64 tokens, EOS ignored, twice) as tokens per
-second, to show that forking costs generation nothing. Printed and written to
+second, to show that the fewer processes cost generation nothing. Printed and written to
 ``docs/results/vllm_start.json`` with the CPU named. Needs the vLLM runtime (`atropos-vllm install`).
 """
 
@@ -32,7 +33,7 @@ from atroposlib.local.cpu import BF16_FLAGS, read_cpu  # noqa: E402
 from atroposlib.local.prepare_model import prepare_model  # noqa: E402
 from atroposlib.local.vllm_service import LocalVLLM  # noqa: E402
 
-SIDES = {"forked engine core": {}, "vLLM's CPU start (all spawned)": {"VLLM_PLUGINS": ""}}
+SIDES = {"engine core forked, model in it": {}, "vLLM's CPU start (all spawned)": {"VLLM_PLUGINS": ""}}
 COMPLETIONS, TOKENS = 16, 64
 
 

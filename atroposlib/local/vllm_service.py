@@ -4,10 +4,11 @@
 
 On CPU machines the launch uses the settings that make vLLM's CPU build start quickly and
 use every core: ``--enforce-eager`` (no graph compilation at each start), a 1 GiB KV
-cache (2 GiB in float32), OpenMP threads bound to all cores, and the dtype the CPU is fast
+cache (2 GiB in float32), OpenMP threads on all cores, and the dtype the CPU is fast
 in (bfloat16 only with bf16 instructions, else float32: see `atroposlib.local.cpu`), and the
-engine core forked from the API server rather than spawned (``vllm_plugins/atropos_engine_fork.py``:
-one import of vLLM fewer: 33.5 s to answer instead of 46.8 s on 2 cores, `bench/vllm_start.py`).
+engine core forked from the API server rather than spawned, running the model itself rather
+than in a spawned worker (``vllm_plugins/atropos_engine_fork.py``: no second or third import
+of vLLM: 22.5 s to answer instead of 51.5 s on 2 cores, `bench/vllm_start.py`).
 The server program is stock vLLM's OpenAI server unless another entrypoint is given (the
 GRPO trainer launches its own, `example_trainer/vllm_api_server.py`, the same way); a port
 some other process already listens on is an error (`PortInUseError`), never taken over.
@@ -166,11 +167,20 @@ class LocalVLLM:
             # 64 sequences in memory at once
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2" if self.dtype.dtype == "float32" else "1")
             env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{cores - 1}")
+            # the model runs in the engine core (vllm_plugins/atropos_engine_fork.py), which vLLM
+            # would leave one thread to unless the number is given
+            env.setdefault("OMP_NUM_THREADS", str(cores))
             if self.allocator != "system":
                 env = with_fast_allocator(env, find_library())
         return env
 
     def start(self, timeout: float = 300.0) -> "LocalVLLM":
+        """`launch` the server, then `wait_until_ready`."""
+        self.launch()
+        return self.wait_until_ready(timeout)
+
+    def launch(self) -> None:
+        """Start the server's process and return at once (`wait_until_ready` waits for it)."""
         if self.python == self.runtime.python and not self.python.exists():
             raise VLLMStartError(f"no vLLM runtime at {self.runtime.path}: run `atropos-vllm install`")
         if not self.python.exists():
@@ -189,9 +199,13 @@ class LocalVLLM:
             self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
                                             env=self.environment(), start_new_session=True,
                                             preexec_fn=_die_with_parent if in_main_thread else None)
+
+    def wait_until_ready(self, timeout: float = 300.0) -> "LocalVLLM":
+        """Wait until the launched server answers /health; one that fails to, or a wait that is
+        interrupted, leaves nothing running."""
         try:
             self._wait_healthy(timeout)
-        except BaseException:  # a failed or interrupted start leaves nothing running
+        except BaseException:
             self.stop()
             raise
         return self
@@ -201,7 +215,8 @@ class LocalVLLM:
         while time.monotonic() < deadline:
             assert self.process is not None
             if self.process.poll() is not None:
-                raise VLLMStartError(f"vLLM exited with code {self.process.returncode}; last log lines:\n{self.log_tail()}")
+                raise VLLMStartError(
+                    f"vLLM exited with code {self.process.returncode}; last log lines:\n{self.log_tail()}")
             try:
                 if httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=2).status_code == 200:
                     return

@@ -33,7 +33,7 @@ from atroposlib.local.paths import atropos_home
 from atroposlib.local.runtime import Runtime
 from example_trainer.inference_servers import InferenceServerError, InferenceServers
 from example_trainer.vllm_manager import TrainerVLLM
-from tests.real_engine import ROOT, assert_engine_core_forked_and_worker_spawned, installed_runtime
+from tests.real_engine import ROOT, assert_engine_core_forked_and_running_the_model, installed_runtime
 from tests.reference_tests import copy_reference_tests, reference_tests_dir, run_reference_tests
 
 pytestmark = [pytest.mark.real_vllm, pytest.mark.slow]
@@ -92,9 +92,9 @@ def _prompt_ids(model_dir: Path) -> list[int]:
                 ["input_ids"])
 
 
-def test_the_engine_core_is_forked_from_the_server_and_the_worker_spawned(served: TrainerVLLM) -> None:
+def test_the_engine_core_is_forked_from_the_server_and_runs_the_model(served: TrainerVLLM) -> None:
     assert served.server is not None and served.server.process is not None
-    assert_engine_core_forked_and_worker_spawned(served.server.process.pid)
+    assert_engine_core_forked_and_running_the_model(served.server.process.pid)
 
 
 def test_generate_returns_token_ids_logprobs_and_prompt_logprobs(served: TrainerVLLM, real_model_dir: Path) -> None:

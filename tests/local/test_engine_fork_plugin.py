@@ -19,7 +19,8 @@ METHOD = "VLLM_WORKER_MULTIPROC_METHOD"
 
 
 class StandInPlatform:
-    """Like vLLM's platforms: choosing the settings sets the start method to spawn."""
+    """Like vLLM's CPU platform: choosing the settings sets the start method to spawn and gives
+    the workers processes of their own (the ``mp`` executor), even a single one."""
 
     def __init__(self, cpu: bool) -> None:
         self.cpu = cpu
@@ -30,13 +31,20 @@ class StandInPlatform:
     @classmethod
     def check_and_update_config(cls, vllm_config: Any) -> None:
         os.environ[METHOD] = "spawn"
+        if cls().is_cpu():
+            vllm_config.parallel_config.distributed_executor_backend = "mp"
+
+
+def _config(executor: str) -> Any:
+    """A stand-in of vLLM's config where vLLM chose `executor` for the workers."""
+    return types.SimpleNamespace(parallel_config=types.SimpleNamespace(distributed_executor_backend=executor))
 
 
 def _plugin(monkeypatch: pytest.MonkeyPatch, cpu: bool) -> tuple[types.ModuleType, type[StandInPlatform]]:
     """The plugin, imported afresh where vLLM's platform is a `StandInPlatform` of its own."""
-    platform = type("Platform", (StandInPlatform,), {})
+    platform = type("Platform", (StandInPlatform,), {"__init__": lambda self: StandInPlatform.__init__(self, cpu)})
     platforms = types.ModuleType("vllm.platforms")
-    platforms.current_platform = platform(cpu)  # type: ignore[attr-defined]
+    platforms.current_platform = platform()  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))
     monkeypatch.setitem(sys.modules, "vllm.platforms", platforms)
     monkeypatch.delitem(sys.modules, "atropos_engine_fork", raising=False)
@@ -60,19 +68,31 @@ def _method_in_a_forked_child() -> str:
 def test_on_a_cpu_the_next_process_is_forked_and_its_own_children_spawned(monkeypatch: pytest.MonkeyPatch) -> None:
     plugin, platform = _plugin(monkeypatch, cpu=True)
     plugin.fork_the_engine_core()
-    platform.check_and_update_config(None)
+    config = _config("uni")
+    platform.check_and_update_config(config)
     assert os.environ[METHOD] == "fork"  # the API server forks the engine core
-    assert _method_in_a_forked_child() == "spawn"  # which spawns the workers
+    assert config.parallel_config.distributed_executor_backend == "uni"  # which runs a single worker itself
+    assert _method_in_a_forked_child() == "spawn"  # and spawns several
     patched = platform.check_and_update_config
     plugin.fork_the_engine_core()  # vLLM loads plugins again in its other processes
     assert platform.check_and_update_config == patched
 
 
+def test_several_workers_keep_their_own_processes(monkeypatch: pytest.MonkeyPatch) -> None:
+    plugin, platform = _plugin(monkeypatch, cpu=True)
+    plugin.fork_the_engine_core()
+    config = _config("mp")  # what vLLM chooses for tensor or pipeline parallel > 1
+    platform.check_and_update_config(config)
+    assert config.parallel_config.distributed_executor_backend == "mp"
+
+
 def test_other_platforms_are_left_as_they_are(monkeypatch: pytest.MonkeyPatch) -> None:
     plugin, platform = _plugin(monkeypatch, cpu=False)
     plugin.fork_the_engine_core()
-    platform.check_and_update_config(None)
+    config = _config("uni")
+    platform.check_and_update_config(config)
     assert os.environ[METHOD] == "spawn"
+    assert config.parallel_config.distributed_executor_backend == "uni"
 
 
 def test_vllm_finds_the_plugin_on_the_servers_python_path(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -23,7 +23,7 @@ from tests.conftest import registration
 from tests.doc_commands import readme_arguments
 from tests.helpers import ApiProcess, free_port
 from tests.local.stand_ins import killed_at_exit, signal_and_read, wait_until
-from tests.real_engine import ROOT, assert_engine_core_forked_and_worker_spawned
+from tests.real_engine import ROOT, assert_engine_core_forked_and_running_the_model
 
 pytestmark = [pytest.mark.real_vllm, pytest.mark.slow]
 QUESTION = [{"role": "user", "content": "Tom has 3 apples and buys 4 more. How many apples does he have?"}]
@@ -125,9 +125,9 @@ def _prompt_logprobs(server: LocalVLLM, ids: list[int]) -> list[float]:
     return [next(iter(entry.values()))["logprob"] for entry in answer["choices"][0]["prompt_logprobs"][1:]]
 
 
-def test_the_engine_core_is_forked_from_the_server_and_the_worker_spawned(real_vllm: LocalVLLM) -> None:
+def test_the_engine_core_is_forked_from_the_server_and_runs_the_model(real_vllm: LocalVLLM) -> None:
     assert real_vllm.process is not None
-    assert_engine_core_forked_and_worker_spawned(real_vllm.process.pid)
+    assert_engine_core_forked_and_running_the_model(real_vllm.process.pid)
 
 
 def test_new_weights_are_served_without_a_restart(real_vllm: LocalVLLM, tmp_path: Path) -> None:

@@ -1,15 +1,18 @@
-"""On a CPU, vLLM's engine core is forked from its API server instead of spawned: a start
-~13 s shorter on 2 cores.
+"""On a CPU, vLLM's engine core is forked from its API server instead of spawned, and a
+single model worker runs inside it instead of in a process of its own: the server answers
+~15 s sooner on 2 cores, generating as fast.
 
 vLLM serves from three processes started one after the other: the API server, the engine
-core and the model worker. On a GPU it forks the engine core from the API server; its CPU
-platform starts every process by spawning (`VLLM_WORKER_MULTIPROC_METHOD=spawn`), and each
-fresh interpreter imports vLLM and torch again: ~15 s apiece on a 2-core AVX2 CPU. The API
-server has imported all of it when it starts the engine core, so the engine core is forked,
-as on a GPU: the server answers after 33.5 s instead of 46.8 s, with the same answers and
-the same tokens per second (bundled model, float32, median of 3: `bench/vllm_start.py`). The
-worker is still spawned: forked from the engine core, it generated 30-50% slower (an OpenMP
-thread pool does not survive a fork).
+core and the model worker. On a GPU it forks the engine core from the API server and, with one
+worker, runs that worker inside the engine core; its CPU platform spawns every process
+(`VLLM_WORKER_MULTIPROC_METHOD=spawn`) and always gives the worker a process of its own (the
+``mp`` executor), and each fresh interpreter imports vLLM and torch again: ~15 s apiece on a
+2-core AVX2 CPU. The API server has imported all of it when it starts the engine core, so the
+engine core is forked, as on a GPU; and a single worker (tensor and pipeline parallel 1) runs in
+the engine core (the ``uni`` executor), which binds its OpenMP threads to the cores as the
+worker process did: no interpreter is spawned at all (`bench/vllm_start.py` for the figures).
+A worker forked from the engine core instead generated 30-50% slower (an OpenMP thread pool
+does not survive a fork), so where vLLM needs several workers they are still spawned.
 
 vLLM loads this as a general plugin in each of its processes (the ``vllm.general_plugins``
 entry point in ``atropos_vllm_plugins-1.0.dist-info`` beside this file, found because the
@@ -27,8 +30,8 @@ _applied = False
 
 
 def fork_the_engine_core() -> None:
-    """Make vLLM's CPU platform fork the next process it starts (the engine core), whose
-    own children (the workers) are spawned again; a second call does nothing."""
+    """Make vLLM's CPU platform fork the next process it starts (the engine core), run a single
+    worker inside it and spawn several; a second call does nothing."""
     global _applied
     if _applied:
         return
@@ -40,8 +43,11 @@ def fork_the_engine_core() -> None:
     choose_settings = platform.check_and_update_config.__func__
 
     def check_and_update_config(cls: Any, vllm_config: Any) -> None:
-        choose_settings(cls, vllm_config)  # sets the start method to spawn, among its settings
+        chosen_executor = vllm_config.parallel_config.distributed_executor_backend
+        choose_settings(cls, vllm_config)  # the start method spawn and the mp executor, among its settings
         os.environ[METHOD] = "fork"
+        if chosen_executor == "uni":  # vLLM's own choice for one worker, which the CPU platform overrides
+            vllm_config.parallel_config.distributed_executor_backend = "uni"
 
     platform.check_and_update_config = classmethod(check_and_update_config)
     os.register_at_fork(after_in_child=_spawn_in_the_child)
