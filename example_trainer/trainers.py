@@ -108,6 +108,7 @@ def train_ranks(config: TrainingConfig, ranks: Ranks) -> None:
     check_inputs(config, ranks)
     # before the slow model load: no python for vLLM, or a remote server that cannot take weights, fails at once
     with (make_weight_sync(config) if ranks.is_main else FollowerSync(config)) as sync:
+        sync.launch(load_resume_state(config.resume_from).step if config.resume_from else 0)
         model, tokenizer = load_model_and_tokenizer(config)
         reference = reference_logprobs(model, config)
         model = distributed.wrap(model, config, ranks)

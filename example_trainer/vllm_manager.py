@@ -143,6 +143,8 @@ class TrainerVLLM:
         self.dtype = config.resolved_vllm_dtype()
         self.server: Optional[LocalVLLM] = None
         self.model_path: Optional[str] = None
+        # what `launch` started and when, until `start` waits for it
+        self._launched: Optional[tuple[str, int, float]] = None
 
     @property
     def port(self) -> int:
@@ -183,16 +185,39 @@ class TrainerVLLM:
                if name.startswith("VLLM_CPU_") and os.environ.get(name) != value]
         return shlex.join([*cpu, *server.command()])
 
+    @property
+    def on_cpu(self) -> bool:
+        return not self.server_for(self.config.model_name).gpu
+
+    def launch(self, model_path: str, policy_version: int = 0) -> None:
+        """Start the server's process on `model_path`, reporting `policy_version`, and return at
+        once: `start` on the same model and version then waits for it (and loads the adapter)."""
+        if self.is_running():
+            raise VLLMStartError(f"the trainer's vLLM already runs on port {self.port}")
+        server = self.server_for(model_path, policy_version=policy_version)
+        server.launch()
+        self.server, self.model_path = server, model_path
+        self._launched = (model_path, policy_version, time.monotonic())
+
     def start(self, model_path: str, *, adapter: Optional[str] = None, policy_version: int = 0,
               timeout: float = 600.0) -> float:
         """Launch the server on `model_path` (and activate `adapter`), reporting `policy_version`,
-        once it answers /health."""
-        if self.is_running():
-            raise VLLMStartError(f"the trainer's vLLM already runs on port {self.port}")
-        started = time.monotonic()
-        server = self.server_for(model_path, adapter, policy_version)
-        server.start(timeout)
-        self.server, self.model_path = server, model_path
+        once it answers /health; the seconds since `launch` when it launched that already."""
+        launched = self._launched
+        if launched is not None and launched[:2] != (model_path, policy_version):
+            self.stop()  # launched on other weights than the run starts from
+            launched = None
+        if launched is not None and self.server is not None:
+            self._launched = None
+            started = launched[2]
+            self.server.wait_until_ready(timeout)
+        else:
+            if self.is_running():
+                raise VLLMStartError(f"the trainer's vLLM already runs on port {self.port}")
+            started = time.monotonic()
+            server = self.server_for(model_path, adapter, policy_version)
+            server.start(timeout)
+            self.server, self.model_path = server, model_path
         if adapter is not None:
             self.load_lora_adapter(ADAPTER_NAME, adapter, policy_version)
         return time.monotonic() - started
@@ -202,6 +227,7 @@ class TrainerVLLM:
         if self.server is not None:
             self.server.stop(grace)
             self.server = None
+        self._launched = None
 
     def restart(self, model_path: str, *, adapter: Optional[str] = None, policy_version: int = 0,
                 timeout: float = 600.0) -> float:

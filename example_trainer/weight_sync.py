@@ -52,6 +52,18 @@ class WeightSync(ABC):
         self.vllm = vllm
         self.can_pause = True
 
+    def launch(self, policy_version: int) -> None:
+        """Start the trainer's own vLLM on `served_model` as the run's first `policy_version`
+        before the trainer loads its model, so that the two load side by side; `start` then waits
+        for it. On a CPU only: there each is mostly one core's work (on 2 cores the trainer end to
+        end took 15 s less), while on a GPU vLLM sizes its cache by the memory free as it starts."""
+        if self.vllm is not None and self.vllm.on_cpu:
+            self.vllm.launch(self.served_model(), policy_version)
+
+    def served_model(self) -> str:
+        """The model vLLM starts on: the checkpoint the run resumes from, else the base model."""
+        return self.config.resume_from or self.config.model_name
+
     def start(self, weights: str, policy_version: int) -> float:
         """Make vLLM serve `weights` (a model folder or name, or an adapter folder in the LoRA
         modes) as `policy_version`, the step they are from; returns the seconds it took."""
@@ -169,9 +181,12 @@ class LoraRestartSync(WeightSync):
 
     saves_adapters = True
 
+    def served_model(self) -> str:
+        return self.config.model_name
+
     def start(self, weights: str, policy_version: int) -> float:
         assert self.vllm is not None
-        return self.vllm.start(self.config.model_name, adapter=weights, policy_version=policy_version)
+        return self.vllm.start(self.served_model(), adapter=weights, policy_version=policy_version)
 
     def publish(self, checkpoint: str, step: int) -> float:
         assert self.vllm is not None

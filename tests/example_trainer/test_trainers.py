@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -130,6 +131,24 @@ def test_resume_continues_from_the_checkpoint_step(api: ApiProcess, tiny_model: 
     assert recorded[-1].events == [("start", str(tmp_path / "checkpoints" / "step_2")), ("finish", "final_model")]
     assert recorded[-1].versions == [2, 3]
     assert json.loads((tmp_path / "checkpoints" / "step_3" / "trainer_state.json").read_text())["step"] == 3
+
+
+def test_on_a_cpu_the_trainers_vllm_starts_while_its_model_loads(api: ApiProcess, tiny_model: Path, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    post_groups(api, 2)
+    pids = tmp_path / "pids"
+    monkeypatch.setenv("STAND_IN_PIDS", str(pids))
+    load, running_at_load = trainers.load_model_and_tokenizer, []
+
+    def load_watching_vllm(config: TrainingConfig) -> Any:
+        running_at_load.extend(recorded_pids(pids, 2, timeout=60))  # the stand-in server and its 'engine' child
+        return load(config)
+
+    monkeypatch.setattr(trainers, "load_model_and_tokenizer", load_watching_vllm)
+    trainers.train(config_for(api, tiny_model, tmp_path, training_steps=1, weight_bridge_mode="reload",
+                              vllm_port=free_port(), vllm_python=str(stand_in_runtime(tmp_path).python)))
+    assert len(running_at_load) == 2 and recorded_pids(pids, 2) == running_at_load  # that server, started once
+    all_gone(running_at_load)
 
 
 def test_recovery_checkpoints_keep_the_optimizer_state_and_weights_only_ones_warn_on_resume(

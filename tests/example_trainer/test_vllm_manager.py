@@ -1,6 +1,7 @@
 """The trainer's vLLM launcher with a stand-in server: which python runs it, the command
 line, a port held by someone else (an error, never a kill), stops that leave nothing of
-the server's process group, and the adapter hot-swap fallback."""
+the server's process group, a server launched ahead that the start then waits for, and the
+adapter hot-swap fallback."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Iterator
@@ -105,6 +107,30 @@ def test_stop_ends_the_whole_process_group_and_restart_starts_a_new_one(
     manager.stop()
     all_gone(second)
     assert not manager.is_running() and _live_members(group) == []
+
+
+def test_a_start_waits_for_the_server_launched_ahead_on_the_same_weights(
+        stand_in: tuple[TrainerVLLM, Path], tmp_path: Path) -> None:
+    manager, pids = stand_in
+    model = str(model_folder(tmp_path / "model"))
+    manager.launch(model, policy_version=3)
+    launched = recorded_pids(pids, 2)
+    time.sleep(1.0)  # the trainer loads its model meanwhile
+    assert manager.start(model, policy_version=3, timeout=60) >= 1.0  # counted from the launch
+    assert manager.is_running() and recorded_pids(pids, 2) == launched  # no second server
+    manager.stop()
+    all_gone(launched)
+
+
+def test_a_start_on_other_weights_than_launched_replaces_the_server(
+        stand_in: tuple[TrainerVLLM, Path], tmp_path: Path) -> None:
+    manager, pids = stand_in
+    manager.launch(str(model_folder(tmp_path / "base")))
+    launched = recorded_pids(pids, 2)
+    manager.start(str(model_folder(tmp_path / "step_2")), policy_version=2, timeout=60)
+    all_gone(launched)
+    assert manager.is_running() and len(recorded_pids(pids, 4)) == 4
+    assert manager.model_path == str(tmp_path / "step_2")
 
 
 def _live_members(group: int) -> list[int]:
