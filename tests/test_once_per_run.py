@@ -33,8 +33,12 @@ def ask(base: str) -> str:
 
 def test_workers_asking_at_once_share_one_make(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
-    with multiprocessing.get_context("fork").Pool(4) as pool:
+    pool = multiprocessing.get_context("fork").Pool(4)
+    try:
         assert pool.map(ask, [str(tmp_path)] * 8) == ["done"] * 8
+    finally:  # the workers end on their own: no SIGTERM, which a handler this process inherited could catch
+        pool.close()
+        pool.join()
     assert (tmp_path / "makes").read_text() == "made\n"
 
 

@@ -147,7 +147,9 @@ def main(env_cls: Any, argv: Optional[Sequence[str]] = None) -> None:
     else:
         raise RuntimeError("cli() must be called outside a running event loop (it calls asyncio.run)")
     prog = Path(sys.argv[0]).name
-    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN:
+    previous = signal.getsignal(signal.SIGTERM)
+    handles_sigterm = threading.current_thread() is threading.main_thread() and previous is not signal.SIG_IGN
+    if handles_sigterm:
         # SIGTERM stops like Ctrl-C: tasks are cancelled and files closed (serve mode
         # installs its own handlers while it runs).
         signal.signal(signal.SIGTERM, _interrupt)
@@ -162,3 +164,6 @@ def main(env_cls: Any, argv: Optional[Sequence[str]] = None) -> None:
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         raise SystemExit(130) from None
+    finally:  # a program that called cli() and goes on gets its own SIGTERM handling back
+        if handles_sigterm:
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
 
 from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig, ServerBaseline
 from atroposlib.envs.cli import ConfigError, available_flags, parse_flags, resolve_settings
+from atroposlib.envs.runner import main
 
 
 class Demo(BaseEnv):
@@ -161,3 +163,17 @@ def test_help_without_a_mode_lists_the_modes(capsys: pytest.CaptureFixture[str])
     assert stopped.value.code == 0
     text = capsys.readouterr().out
     assert all(f"  {mode}" in text for mode in ("serve", "process", "evaluate"))
+
+
+def test_cli_gives_the_callers_sigterm_handler_back(capsys: pytest.CaptureFixture[str]) -> None:
+    def callers_handler(signum: int, frame: object) -> None:
+        pass
+
+    previous = signal.signal(signal.SIGTERM, callers_handler)
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            main(Demo, ["process", "--env.group_size", "not-a-number"])
+        assert stopped.value.code == 2 and "group_size" in capsys.readouterr().err
+        assert signal.getsignal(signal.SIGTERM) is callers_handler
+    finally:
+        signal.signal(signal.SIGTERM, previous)
