@@ -187,6 +187,7 @@ class TrainerVLLM:
 
     @property
     def on_cpu(self) -> bool:
+        """Whether the server runs vLLM's CPU build (its python and the machine say so)."""
         return not self.server_for(self.config.model_name).gpu
 
     def launch(self, model_path: str, policy_version: int = 0) -> None:

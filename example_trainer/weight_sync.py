@@ -56,7 +56,7 @@ class WeightSync(ABC):
         """Start the trainer's own vLLM on `served_model` as the run's first `policy_version`
         before the trainer loads its model, so that the two load side by side; `start` then waits
         for it. On a CPU only: there each is mostly one core's work (on 2 cores the trainer end to
-        end took 15 s less), while on a GPU vLLM sizes its cache by the memory free as it starts."""
+        end took 6 s less), while on a GPU vLLM sizes its cache by the memory free as it starts."""
         if self.vllm is not None and self.vllm.on_cpu:
             self.vllm.launch(self.served_model(), policy_version)
 
