@@ -190,12 +190,12 @@ class TrainerVLLM:
         """Whether the server runs vLLM's CPU build (its python and the machine say so)."""
         return not self.server_for(self.config.model_name).gpu
 
-    def launch(self, model_path: str, policy_version: int = 0) -> None:
+    def launch(self, model_path: str, policy_version: int = 0, adapter: Optional[str] = None) -> None:
         """Start the server's process on `model_path`, reporting `policy_version`, and return at
         once: `start` on the same model and version then waits for it (and loads the adapter)."""
         if self.is_running():
             raise VLLMStartError(f"the trainer's vLLM already runs on port {self.port}")
-        server = self.server_for(model_path, policy_version=policy_version)
+        server = self.server_for(model_path, adapter, policy_version)
         server.launch()
         self.server, self.model_path = server, model_path
         self._launched = (model_path, policy_version, time.monotonic())
@@ -204,21 +204,13 @@ class TrainerVLLM:
               timeout: float = 600.0) -> float:
         """Launch the server on `model_path` (and activate `adapter`), reporting `policy_version`,
         once it answers /health; the seconds since `launch` when it launched that already."""
-        launched = self._launched
-        if launched is not None and launched[:2] != (model_path, policy_version):
+        if self._launched is not None and self._launched[:2] != (model_path, policy_version):
             self.stop()  # launched on other weights than the run starts from
-            launched = None
-        if launched is not None and self.server is not None:
-            self._launched = None
-            started = launched[2]
-            self.server.wait_until_ready(timeout)
-        else:
-            if self.is_running():
-                raise VLLMStartError(f"the trainer's vLLM already runs on port {self.port}")
-            started = time.monotonic()
-            server = self.server_for(model_path, adapter, policy_version)
-            server.start(timeout)
-            self.server, self.model_path = server, model_path
+        if self._launched is None:
+            self.launch(model_path, policy_version, adapter)
+        assert self.server is not None and self._launched is not None
+        started, self._launched = self._launched[2], None
+        self.server.wait_until_ready(timeout)
         if adapter is not None:
             self.load_lora_adapter(ADAPTER_NAME, adapter, policy_version)
         return time.monotonic() - started
