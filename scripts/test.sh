@@ -11,7 +11,8 @@
 # the tests that mostly wait on servers, subprocesses and HTTP in parallel workers
 # (pytest-xdist, $ATROPOS_TEST_WORKERS, default 4), then the CPU-heavy ones, marked `serial`
 # (the real vLLM engine, training, benchmarks), one at a time, so that none of them competes
-# for the cores.
+# for the cores; their shared engine is launched before pytest collects them (--launch-engine-early,
+# tests/real_engine.py): its start, mostly one core importing vLLM, and the collection overlap.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/venv_stamp.sh
@@ -154,5 +155,5 @@ parallel_status=0
 "${pytest[@]}" -m "not serial" -n "${ATROPOS_TEST_WORKERS:-4}" --durations=20 || parallel_status=$?
 step 6 "the CPU-heavy tests (marked serial), one at a time"
 serial_status=0
-"${pytest[@]}" -m serial --durations=20 || serial_status=$?
+"${pytest[@]}" -m serial --launch-engine-early --durations=20 || serial_status=$?
 [ "$parallel_status" = 0 ] && [ "$serial_status" = 0 ]

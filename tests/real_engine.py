@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Callable, Iterator, Optional, Protocol, TypeVa
 
 import pytest
 
-from atroposlib.local.prepare_model import prepare_model
+from atroposlib.local.paths import default_model_dir
+from atroposlib.local.prepare_model import is_prepared, prepare_model
 from atroposlib.local.runtime import Runtime
 from atroposlib.local.vllm_service import LocalVLLM, VLLMStartError
 
@@ -132,13 +133,66 @@ def real_model_dir() -> Path:
     return prepare_model(runtime=installed_runtime())
 
 
+def shared_engine(model_dir: Path, runtime: Runtime, log_path: Optional[Path]) -> LocalVLLM:
+    """The shared stock engine, not started yet (float32 on every CPU: the trainer's float32
+    log-probabilities must match the sampler's)."""
+    return LocalVLLM(model_dir, runtime=runtime, log_path=log_path, dtype="float32")
+
+
+@dataclass
+class Launched:
+    """A server already launched, as `start_with_one_retry` starts servers: `start` only waits."""
+
+    server: LocalVLLM
+
+    def start(self, timeout: float) -> LocalVLLM:
+        return self.server.wait_until_ready(timeout)
+
+
+class EarlyEngine:
+    """The shared engine launched when the session starts (``--launch-engine-early``), so that
+    its start, mostly one core importing vLLM, overlaps pytest collecting the tests (another
+    ~20 s of one core); `take` hands it to the `real_vllm` fixture, and `stop` ends it when
+    no test took it."""
+
+    launched: Optional[LocalVLLM] = None
+
+    @classmethod
+    def launch(cls) -> None:
+        runtime, model_dir = Runtime(), default_model_dir()
+        if runtime.is_installed() and is_prepared(model_dir):  # else the fixture prepares and starts it
+            server = shared_engine(model_dir, runtime, log_path=None)  # its log in $ATROPOS_HOME/logs
+            try:
+                server.launch()
+            except VLLMStartError:  # the fixture's own start says why
+                return
+            cls.launched = server
+
+    @classmethod
+    def take(cls, model_dir: Path) -> Optional[LocalVLLM]:
+        launched, cls.launched = cls.launched, None
+        if launched is not None and launched.model_dir != model_dir:
+            launched.stop()
+            return None
+        return launched
+
+    @classmethod
+    def stop(cls) -> None:
+        if cls.launched is not None:
+            cls.launched.stop()
+            cls.launched = None
+
+
 @pytest.fixture(scope="session")
 def real_vllm(real_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalVLLM]:
     log_path = Path(os.environ.get("PYTEST_TMPDIR") or tmp_path_factory.mktemp("vllm")) / "vllm.log"
-    # float32 on every CPU: the trainer's float32 log-probabilities must match the sampler's
     runtime = installed_runtime()
+    attempts: list[Startable[LocalVLLM]] = []
+    early = EarlyEngine.take(real_model_dir)
+    if early is not None:
+        attempts.append(Launched(early))
     server = start_with_one_retry(
-        lambda: LocalVLLM(real_model_dir, runtime=runtime, log_path=log_path, dtype="float32"),
+        lambda: attempts.pop() if attempts else shared_engine(real_model_dir, runtime, log_path),
         start_timeout(), to_terminal)
     try:
         yield server

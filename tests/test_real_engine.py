@@ -1,15 +1,27 @@
-"""The suite-wide real engine's start: a timeout that grows on a small or busy machine, and
-one retry that says why instead of failing every test that shares the engine."""
+"""The suite-wide real engine's start: a timeout that grows on a small or busy machine, one
+retry that says why instead of failing every test that shares the engine, and the early
+launch (``--launch-engine-early``) that the fixture takes over or the session's end stops."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from atroposlib.local.paths import default_model_dir
+from atroposlib.local.prepare_model import READY_MARKER
 from atroposlib.local.vllm_service import VLLMStartError
-from tests.real_engine import (BASE_START_TIMEOUT, MAX_START_TIMEOUT, BundledServerStart, start_timeout,
-                               start_with_one_retry)
+from tests.local.stand_ins import all_gone, model_folder, running, stand_in_runtime
+from tests.real_engine import (
+    BASE_START_TIMEOUT,
+    MAX_START_TIMEOUT,
+    BundledServerStart,
+    EarlyEngine,
+    Launched,
+    start_timeout,
+    start_with_one_retry,
+)
 
 
 class StandInServer:
@@ -82,3 +94,54 @@ def test_the_trainers_bundled_server_gets_the_same_one_retry() -> None:
     assert start_with_one_retry(lambda: BundledServerStart(manager, "model"), 300.0, said.append) is manager
     assert manager.starts == [("model", 300.0), ("model", 600.0)]
     assert said == ["the real vLLM engine did not start (vLLM exited with code 1): trying once more, with 600 s"]
+
+
+@pytest.fixture
+def stand_in_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """ATROPOS_HOME with a stand-in vLLM runtime installed; the bundled model not prepared yet."""
+    monkeypatch.setenv("ATROPOS_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("ATROPOS_VLLM_RUNTIME", str(stand_in_runtime(tmp_path).path))
+    monkeypatch.setenv("STAND_IN_PIDS", str(tmp_path / "pids"))
+    return tmp_path / "home"
+
+
+def prepared_model() -> Path:
+    folder = model_folder(default_model_dir())
+    (folder / READY_MARKER).write_text("{}")
+    return folder
+
+
+def test_the_fixture_takes_over_the_early_engine_and_waits_for_it(stand_in_home: Path) -> None:
+    model_dir = prepared_model()
+    EarlyEngine.launch()
+    server = EarlyEngine.take(model_dir)
+    try:
+        assert server is not None and server.process is not None and EarlyEngine.launched is None
+        assert Launched(server).start(60.0) is server and running(server.process.pid)
+    finally:
+        assert server is not None
+        server.stop()
+
+
+def test_an_early_engine_nobody_takes_is_stopped(stand_in_home: Path) -> None:
+    prepared_model()
+    EarlyEngine.launch()
+    server = EarlyEngine.launched
+    assert server is not None and server.process is not None
+    EarlyEngine.stop()
+    all_gone([server.process.pid])
+    assert EarlyEngine.launched is None
+
+
+def test_an_early_engine_on_another_model_is_stopped_not_taken(stand_in_home: Path, tmp_path: Path) -> None:
+    prepared_model()
+    EarlyEngine.launch()
+    server = EarlyEngine.launched
+    assert server is not None and server.process is not None
+    assert EarlyEngine.take(tmp_path / "another-model") is None
+    all_gone([server.process.pid])
+
+
+def test_without_a_prepared_model_nothing_is_launched_early(stand_in_home: Path) -> None:
+    EarlyEngine.launch()
+    assert EarlyEngine.launched is None

@@ -17,9 +17,9 @@ import importlib.metadata
 import os
 import shutil
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import httpx
 import openai
@@ -34,7 +34,7 @@ from atroposlib.local.runtime import Runtime
 from example_trainer.inference_servers import InferenceServerError, InferenceServers
 from example_trainer.vllm_manager import TrainerVLLM
 from tests.real_engine import ROOT, assert_engine_core_forked_and_running_the_model, installed_runtime
-from tests.reference_tests import copy_reference_tests, reference_tests_dir, run_reference_tests
+from tests.reference_tests import SuiteResult, copy_reference_tests, reference_tests_dir, run_reference_tests
 
 pytestmark = [pytest.mark.real_vllm, pytest.mark.slow]
 RUNTIME_CHECKS = Path(__file__).with_name("vllm_api_server_in_runtime.py")
@@ -58,26 +58,42 @@ def runtime_test_tools(runtime: Runtime) -> Path:
     return folder
 
 
-def _run_in_runtime(package: Path) -> None:
+def _run_in_runtime(package: Path) -> SuiteResult:
     runtime = installed_runtime()
     pythonpath = f"{runtime_test_tools(runtime)}{os.pathsep}{ROOT}"
-    result = run_reference_tests(package, python=runtime.python, env={"PYTHONPATH": pythonpath})
+    return run_reference_tests(package, python=runtime.python, env={"PYTHONPATH": pythonpath})
+
+
+@pytest.fixture(scope="module")
+def runtime_suites(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Future[SuiteResult]]]:
+    """The route checks and Atropos's own ``/generate`` test, each a pytest run in the runtime,
+    started together: each spends most of its ~20 s importing vLLM on one core."""
+    runtime_test_tools(installed_runtime())  # installed once, before the two runs look for it
+    routes = tmp_path_factory.mktemp("routes") / "reftests"
+    routes.mkdir()
+    (routes / "__init__.py").write_text("")
+    shutil.copy(RUNTIME_CHECKS, routes / "test_vllm_api_server_routes.py")
+    packages = {"routes": routes}
+    source = reference_tests_dir()
+    if source is not None:
+        packages["generate"] = copy_reference_tests(source, ["test_vllm_api_server_generate.py"],
+                                                    tmp_path_factory.mktemp("generate"))
+    with ThreadPoolExecutor(len(packages)) as pool:
+        yield {name: pool.submit(_run_in_runtime, package) for name, package in packages.items()}
+
+
+def _assert_passed(result: SuiteResult) -> None:
     assert not result.failed and result.passed and not result.skipped, f"{result.summary()}\n{result.output}"
 
 
-def test_route_checks_pass_in_the_runtime(tmp_path: Path) -> None:
-    package = tmp_path / "reftests"
-    package.mkdir()
-    (package / "__init__.py").write_text("")
-    shutil.copy(RUNTIME_CHECKS, package / "test_vllm_api_server_routes.py")
-    _run_in_runtime(package)
+def test_route_checks_pass_in_the_runtime(runtime_suites: dict[str, Future[SuiteResult]]) -> None:
+    _assert_passed(runtime_suites["routes"].result())
 
 
-def test_atroposs_own_generate_test_passes_in_the_runtime(tmp_path: Path) -> None:
-    source = reference_tests_dir()
-    if source is None:
+def test_atroposs_own_generate_test_passes_in_the_runtime(runtime_suites: dict[str, Future[SuiteResult]]) -> None:
+    if "generate" not in runtime_suites:
         pytest.skip("reference atroposlib 0.4.0 not installed (bench/setup_reference.sh)")
-    _run_in_runtime(copy_reference_tests(source, ["test_vllm_api_server_generate.py"], tmp_path))
+    _assert_passed(runtime_suites["generate"].result())
 
 
 def _generate(manager: TrainerVLLM, **body: Any) -> dict[str, Any]:
