@@ -6,8 +6,9 @@ cd "$(dirname "$0")/.."
 source scripts/venv_stamp.sh
 source scripts/uv.sh
 extras="${EXTRAS:-dev}"
-# reused as it is while pyproject.toml, this script, the extras and the torch version are unchanged
-key="$(inputs_hash pyproject.toml scripts/setup.sh)-${extras}"
+# reused as it is while pyproject.toml, this script and the torch version are unchanged and it
+# has the extras asked for (a .venv scripts/test.sh built has the quickstart's among its own)
+inputs="$(inputs_hash pyproject.toml scripts/setup.sh)"
 
 # tcmalloc makes CPU training steps ~1.4x faster (atroposlib/local/allocator.py): installed where root can
 if ! python3 -c "import ctypes.util, sys; sys.exit(not ctypes.util.find_library('tcmalloc_minimal'))"; then
@@ -20,7 +21,7 @@ if ! python3 -c "import ctypes.util, sys; sys.exit(not ctypes.util.find_library(
         echo "note: libtcmalloc-minimal4 (apt) or gperftools (conda) makes CPU training steps ~1.4x faster"
     fi
 fi
-if stamp_holds .venv "$key"; then
+if extras_covered .venv "$inputs" "$extras"; then
     echo "atroposlib already installed in $(pwd)/.venv (extras: ${extras}; its inputs are unchanged)"
     exit 0
 fi
@@ -31,5 +32,5 @@ case ",${extras}," in
     *,rewardfns,*|*,example_trainer,*|*,example-trainer,*|*,examples,*|*,all,*) install_into .venv "torch==${TORCH_VERSION:-2.13.0}" ;;
 esac
 install_into .venv -e ".[${extras}]"
-write_stamp .venv "$key"
+write_stamp .venv "${inputs}-${extras}"
 echo "atroposlib installed in $(pwd)/.venv (extras: ${extras})"

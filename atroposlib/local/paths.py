@@ -1,4 +1,4 @@
-"""Where local inference keeps its runtime and models: ``$ATROPOS_HOME`` or the user data dir."""
+"""Where local inference keeps its runtime, models and vLLM's cache: ``$ATROPOS_HOME`` or the user data dir."""
 
 from __future__ import annotations
 
@@ -19,6 +19,14 @@ def runtime_dir() -> Path:
 
 def models_dir() -> Path:
     return atropos_home() / "models"
+
+
+def vllm_cache_dir() -> Path:
+    """vLLM's cache (``VLLM_CACHE_ROOT``) for the servers atroposlib starts: beside the runtime
+    rather than in each user's home, so that a process with another HOME (a test, a service
+    account) finds what an earlier start worked out, such as the model's class inspection
+    (a ~20 s import of vLLM in a child process when missing)."""
+    return atropos_home() / "vllm-cache"
 
 
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct"

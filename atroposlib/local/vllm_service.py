@@ -22,7 +22,9 @@ middleware `atropos_policy_version` (every answer says which weights it came fro
 `reload_weights` updates it: `atroposlib.policy_version`); its in-place weight reloads keep
 a tied LM head on the new embedding (`atropos_worker` in ``vllm_plugins/``).
 ``VLLM_SERVER_DEV_MODE=1`` is set so a trainer can swap in new weights (``/collective_rpc``
-``reload_weights``). The server runs in a process group of its own, stopped as a whole on
+``reload_weights``), and vLLM's cache is in ``$ATROPOS_HOME/vllm-cache`` unless
+``VLLM_CACHE_ROOT`` says otherwise (`atroposlib.local.paths.vllm_cache_dir`: a start with
+another HOME reuses it). The server runs in a process group of its own, stopped as a whole on
 `stop`, on SIGINT, SIGTERM or SIGHUP to the wrapper, and (Linux) when the wrapper dies.
 """
 
@@ -44,7 +46,7 @@ import httpx
 from atroposlib.local.allocator import Allocator, find_library, with_fast_allocator
 from atroposlib.local.cpu import DTYPES, Dtype, DtypeChoice, choose_dtype, read_cpu
 from atroposlib.local.help_format import DefaultsHelpFormatter
-from atroposlib.local.paths import atropos_home
+from atroposlib.local.paths import atropos_home, vllm_cache_dir
 from atroposlib.local.prepare_model import ModelPreparationError, prepare_model
 from atroposlib.local.runtime import Runtime, has_nvidia_gpu
 from atroposlib.local.signals import stop_signals_raise
@@ -159,6 +161,7 @@ class LocalVLLM:
     def environment(self) -> dict[str, str]:
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_SERVER_DEV_MODE": "1",
                "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", **self.environ}
+        env.setdefault("VLLM_CACHE_ROOT", str(vllm_cache_dir()))
         if self.stock:
             env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(PLUGINS_DIR), env.get("PYTHONPATH"))))
         if not self.gpu:

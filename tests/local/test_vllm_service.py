@@ -34,6 +34,17 @@ def test_the_dtype_follows_the_cpu_unless_given(tmp_path: Path) -> None:
     assert forced.dtype.reason == "asked for with --dtype"
 
 
+def test_vllms_cache_is_in_atropos_home_unless_the_user_sets_one(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ATROPOS_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("VLLM_CACHE_ROOT", raising=False)
+    runtime = stand_in_runtime(tmp_path)
+    assert LocalVLLM(tmp_path / "model", runtime=runtime).environment()["VLLM_CACHE_ROOT"] == str(
+        tmp_path / "home" / "vllm-cache")
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "mine"))
+    assert LocalVLLM(tmp_path / "model", runtime=runtime).environment()["VLLM_CACHE_ROOT"] == str(tmp_path / "mine")
+
+
 def _start_wrapper(tmp_path: Path, *flags: str, **environ: str) -> tuple[subprocess.Popen[str], Path]:
     runtime = stand_in_runtime(tmp_path)
     pids = tmp_path / "pids"
