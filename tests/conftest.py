@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from atroposlib.api import ApiSettings, create_app
 from atroposlib.local.paths import atropos_home
 from tests.browser import browser  # noqa: F401 (fixtures registered once, for every test directory)
-from tests.real_engine import EarlyEngine, gsm8k_data, real_model_dir, real_vllm  # noqa: F401
+from tests.real_engine import EarlyEngines, gsm8k_data, real_model_dir, real_vllm  # noqa: F401
 
 os.environ.setdefault("WANDB_MODE", "disabled")
 
@@ -42,17 +42,17 @@ def _fail_skip(report: Any) -> None:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--launch-engine-early", action="store_true",
-                     help="launch the shared real vLLM engine before collecting (one process, no -n): "
-                          "scripts/test.sh's serial part, whose first tests need it")
+                     help="launch the shared real vLLM engines before collecting (one process, no -n): "
+                          "scripts/test.sh's serial part, whose tests use them")
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     if session.config.getoption("--launch-engine-early"):
-        EarlyEngine.launch()
+        EarlyEngines.launch()
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    EarlyEngine.stop()
+    EarlyEngines.stop()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -8,23 +8,26 @@ A slow start must not fail every test that shares the engine: the start waits lo
 machine with fewer or busier cores (`start_timeout`), and a start that fails is tried once
 more, with a line on the terminal that says why (`start_with_one_retry`). The trainer's
 bundled server, shared by the trainer's tests (tests/example_trainer/conftest.py), starts the
-same way.
+same way. With ``--launch-engine-early`` (scripts/test.sh's serial part) both are launched as
+the session starts and the fixtures take them over (`EarlyEngines`).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Optional, Protocol, TypeVar
 
 import pytest
 
-from atroposlib.local.paths import default_model_dir
+from atroposlib.local.paths import atropos_home, default_model_dir
 from atroposlib.local.prepare_model import is_prepared, prepare_model
 from atroposlib.local.runtime import Runtime
 from atroposlib.local.vllm_service import LocalVLLM, VLLMStartError
+from tests.helpers import free_port
 
 if TYPE_CHECKING:
     from example_trainer.vllm_manager import TrainerVLLM
@@ -149,38 +152,65 @@ class Launched:
         return self.server.wait_until_ready(timeout)
 
 
-class EarlyEngine:
-    """The shared engine launched when the session starts (``--launch-engine-early``), so that
-    its start, mostly one core importing vLLM, overlaps pytest collecting the tests (another
-    ~20 s of one core); `take` hands it to the `real_vllm` fixture, and `stop` ends it when
-    no test took it."""
+def bundled_server(log_path: Path) -> TrainerVLLM:
+    """The trainer's bundled server as the trainer's tests share it (float32, a free port), not started."""
+    from example_trainer.config import TrainingConfig
+    from example_trainer.vllm_manager import TrainerVLLM
 
-    launched: Optional[LocalVLLM] = None
+    config = TrainingConfig(model_name="smollm2", dtype="float32", vllm_port=free_port(), max_model_len=1024,
+                            vllm_python=str(installed_runtime().python))
+    return TrainerVLLM(config, log_path)
+
+
+class EarlyEngines:
+    """The two shared engines, stock vLLM's (`real_vllm`) and the trainer's bundled server
+    (``served``, tests/example_trainer/conftest.py), launched when the session starts
+    (``--launch-engine-early``), so that their starts, each mostly one core importing vLLM,
+    overlap pytest collecting the tests; the fixtures take them over, and `stop` ends those
+    no test took. Their logs are in ``$ATROPOS_HOME/logs``."""
+
+    stock: Optional[LocalVLLM] = None
+    bundled: Optional[TrainerVLLM] = None
 
     @classmethod
     def launch(cls) -> None:
         runtime, model_dir = Runtime(), default_model_dir()
-        if runtime.is_installed() and is_prepared(model_dir):  # else the fixture prepares and starts it
-            server = shared_engine(model_dir, runtime, log_path=None)  # its log in $ATROPOS_HOME/logs
-            try:
-                server.launch()
-            except VLLMStartError:  # the fixture's own start says why
-                return
-            cls.launched = server
+        if not (runtime.is_installed() and is_prepared(model_dir)):
+            return  # the fixtures prepare the model and start the engines themselves
+        logs = atropos_home() / "logs"
+        stock = shared_engine(model_dir, runtime, log_path=None)
+        with suppress(VLLMStartError):  # the fixture's own start says why
+            stock.launch()
+            cls.stock = stock
+        with suppress(ImportError, VLLMStartError):  # without the trainer extra its tests skip
+            bundled = bundled_server(logs / f"bundled-vllm-{os.getpid()}.log")
+            bundled.launch(str(model_dir))
+            cls.bundled = bundled
 
     @classmethod
-    def take(cls, model_dir: Path) -> Optional[LocalVLLM]:
-        launched, cls.launched = cls.launched, None
-        if launched is not None and launched.model_dir != model_dir:
-            launched.stop()
+    def take_stock(cls, model_dir: Path) -> Optional[LocalVLLM]:
+        """The stock engine launched early on `model_dir`, now the caller's to stop (None if none)."""
+        stock, cls.stock = cls.stock, None
+        if stock is not None and stock.model_dir != model_dir:
+            stock.stop()
             return None
-        return launched
+        return stock
+
+    @classmethod
+    def take_bundled(cls, model_dir: Path) -> Optional[TrainerVLLM]:
+        """The bundled server launched early on `model_dir`, now the caller's to stop (None if none)."""
+        bundled, cls.bundled = cls.bundled, None
+        if bundled is not None and bundled.model_path != str(model_dir):
+            bundled.stop()
+            return None
+        return bundled
 
     @classmethod
     def stop(cls) -> None:
-        if cls.launched is not None:
-            cls.launched.stop()
-            cls.launched = None
+        for server in (cls.stock, cls.bundled):
+            if server is not None:
+                server.stop()
+        cls.stock = cls.bundled = None
 
 
 @pytest.fixture(scope="session")
@@ -188,7 +218,7 @@ def real_vllm(real_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
     log_path = Path(os.environ.get("PYTEST_TMPDIR") or tmp_path_factory.mktemp("vllm")) / "vllm.log"
     runtime = installed_runtime()
     attempts: list[Startable[LocalVLLM]] = []
-    early = EarlyEngine.take(real_model_dir)
+    early = EarlyEngines.take_stock(real_model_dir)
     if early is not None:
         attempts.append(Launched(early))
     server = start_with_one_retry(

@@ -17,7 +17,7 @@ from tests.real_engine import (
     BASE_START_TIMEOUT,
     MAX_START_TIMEOUT,
     BundledServerStart,
-    EarlyEngine,
+    EarlyEngines,
     Launched,
     start_timeout,
     start_with_one_retry,
@@ -111,37 +111,43 @@ def prepared_model() -> Path:
     return folder
 
 
-def test_the_fixture_takes_over_the_early_engine_and_waits_for_it(stand_in_home: Path) -> None:
+def test_the_fixtures_take_over_the_early_engines_and_wait_for_them(stand_in_home: Path) -> None:
     model_dir = prepared_model()
-    EarlyEngine.launch()
-    server = EarlyEngine.take(model_dir)
+    EarlyEngines.launch()
+    stock, bundled = EarlyEngines.take_stock(model_dir), EarlyEngines.take_bundled(model_dir)
     try:
-        assert server is not None and server.process is not None and EarlyEngine.launched is None
-        assert Launched(server).start(60.0) is server and running(server.process.pid)
+        assert stock is not None and stock.process is not None and bundled is not None
+        assert EarlyEngines.stock is None and EarlyEngines.bundled is None
+        assert Launched(stock).start(60.0) is stock and running(stock.process.pid)
+        assert BundledServerStart(bundled, str(model_dir)).start(60.0) is bundled and bundled.is_running()
     finally:
-        assert server is not None
-        server.stop()
+        for server in (stock, bundled):
+            if server is not None:
+                server.stop()
 
 
-def test_an_early_engine_nobody_takes_is_stopped(stand_in_home: Path) -> None:
+def test_early_engines_nobody_takes_are_stopped(stand_in_home: Path) -> None:
     prepared_model()
-    EarlyEngine.launch()
-    server = EarlyEngine.launched
-    assert server is not None and server.process is not None
-    EarlyEngine.stop()
-    all_gone([server.process.pid])
-    assert EarlyEngine.launched is None
+    EarlyEngines.launch()
+    stock, bundled = EarlyEngines.stock, EarlyEngines.bundled
+    assert stock is not None and stock.process is not None and bundled is not None and bundled.server is not None
+    pids = [stock.process.pid, bundled.server.process.pid]
+    EarlyEngines.stop()
+    all_gone(pids)
+    assert EarlyEngines.stock is None and EarlyEngines.bundled is None
 
 
-def test_an_early_engine_on_another_model_is_stopped_not_taken(stand_in_home: Path, tmp_path: Path) -> None:
+def test_early_engines_on_another_model_are_stopped_not_taken(stand_in_home: Path, tmp_path: Path) -> None:
     prepared_model()
-    EarlyEngine.launch()
-    server = EarlyEngine.launched
-    assert server is not None and server.process is not None
-    assert EarlyEngine.take(tmp_path / "another-model") is None
-    all_gone([server.process.pid])
+    EarlyEngines.launch()
+    stock, bundled = EarlyEngines.stock, EarlyEngines.bundled
+    assert stock is not None and stock.process is not None and bundled is not None and bundled.server is not None
+    pids = [stock.process.pid, bundled.server.process.pid]
+    assert EarlyEngines.take_stock(tmp_path / "another-model") is None
+    assert EarlyEngines.take_bundled(tmp_path / "another-model") is None
+    all_gone(pids)
 
 
 def test_without_a_prepared_model_nothing_is_launched_early(stand_in_home: Path) -> None:
-    EarlyEngine.launch()
-    assert EarlyEngine.launched is None
+    EarlyEngines.launch()
+    assert EarlyEngines.stock is None and EarlyEngines.bundled is None

@@ -29,7 +29,7 @@ STARRED: list[tuple[str, str, int, tuple[str, ...]]] = [
         "--env.train_file", str(FIXTURES / "rlaif" / "train.jsonl"), "--env.max_token_length", "96")),
     ("code_execution_server/coding_server.py", "openai", 2, (
         "--env.train_file", str(FIXTURES / "code_execution_server" / "train.jsonl"),
-        "--env.test_file", str(FIXTURES / "code_execution_server" / "test.jsonl"), "--env.max_token_length", "512")),
+        "--env.test_file", str(FIXTURES / "code_execution_server" / "test.jsonl"), "--env.max_token_length", "320")),
     # One turn or two of short replies per episode is the wiring (Taxi's first prompt takes ~530
     # tokens of its 640); the games' rules and longer episodes have their own tests.
     ("game_environments/gymnasium/gym_taxi.py", "openai", 2, ("--env.max_token_length", "640")),
@@ -83,10 +83,10 @@ def test_textworld_plays_a_real_game_on_the_real_engine(real_vllm: LocalVLLM, tm
 # Atropos's do), which a 135M model's groups nearly always are, show their wiring in evaluate.
 EVALUATED: list[tuple[str, str, tuple[str, ...]]] = [
     ("eval_environments/mmlu_eval.py", "mmlu_eval/test.jsonl", ("--env.eval_max_tokens", "64")),
-    ("tool_calling_server.py", "tool_calling/test.jsonl", (  # prompts under 380 tokens, answers up to ~260
-        "--env.max_token_length", "640", "--env.train_file", str(FIXTURES / "tool_calling" / "train.jsonl"))),
+    ("tool_calling_server.py", "tool_calling/test.jsonl", (  # prompts under 380 tokens, answers up to ~130
+        "--env.max_token_length", "512", "--env.train_file", str(FIXTURES / "tool_calling" / "train.jsonl"))),
     ("fundamental_prediction_environment.py", "fundamental_prediction/fundamentals.jsonl", (
-        "--env.max_token_length", "512",  # a prompt of ~220 tokens, an answer of up to ~290
+        "--env.max_token_length", "384",  # a prompt of ~220 tokens, an answer of up to ~160
         "--env.train_file", str(FIXTURES / "fundamental_prediction" / "fundamentals.jsonl"))),
 ]
 

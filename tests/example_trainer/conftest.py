@@ -9,11 +9,17 @@ from typing import Iterator
 
 import pytest
 
-from example_trainer.config import TrainingConfig
 from example_trainer.vllm_manager import TrainerVLLM
 from tests.example_trainer.tiny_model import build_tiny_model
-from tests.helpers import ApiProcess, free_port
-from tests.real_engine import BundledServerStart, installed_runtime, start_timeout, start_with_one_retry, to_terminal
+from tests.helpers import ApiProcess
+from tests.real_engine import (
+    BundledServerStart,
+    EarlyEngines,
+    bundled_server,
+    start_timeout,
+    start_with_one_retry,
+    to_terminal,
+)
 
 
 @pytest.fixture(scope="module")
@@ -29,8 +35,7 @@ def api(tmp_path: Path) -> Iterator[ApiProcess]:
 
 @pytest.fixture(scope="session")
 def served(real_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TrainerVLLM]:
-    config = TrainingConfig(model_name="smollm2", dtype="float32", vllm_port=free_port(), max_model_len=1024,
-                            vllm_python=str(installed_runtime().python))
-    with TrainerVLLM(config, tmp_path_factory.mktemp("vllm") / "vllm.log") as manager:
+    manager = EarlyEngines.take_bundled(real_model_dir) or bundled_server(tmp_path_factory.mktemp("vllm") / "vllm.log")
+    with manager:
         start_with_one_retry(lambda: BundledServerStart(manager, str(real_model_dir)), start_timeout(), to_terminal)
         yield manager
