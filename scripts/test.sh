@@ -11,8 +11,9 @@
 # the tests that mostly wait on servers, subprocesses and HTTP in parallel workers
 # (pytest-xdist, $ATROPOS_TEST_WORKERS, default 4), then the CPU-heavy ones, marked `serial`
 # (the real vLLM engine, training, benchmarks), one at a time, so that none of them competes
-# for the cores; their shared engine is launched before pytest collects them (--launch-engine-early,
-# tests/real_engine.py): its start, mostly one core importing vLLM, and the collection overlap.
+# for the cores; the two engines they share are launched before pytest collects them
+# (--launch-engine-early, tests/real_engine.py): their starts, mostly one core importing vLLM
+# each, and the collection overlap.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/venv_stamp.sh
