@@ -174,7 +174,7 @@ class EarlyEngines:
 
     @classmethod
     def launch(cls) -> None:
-        runtime, model_dir = Runtime(), default_model_dir()
+        runtime, model_dir = Runtime(), default_model_dir().resolve()  # as `prepare_model` returns it
         if not (runtime.is_installed() and is_prepared(model_dir)):
             return  # the fixtures prepare the model and start the engines themselves
         logs = atropos_home() / "logs"
