@@ -78,7 +78,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        await get_runtime().validators.start()
+        get_runtime()  # opens the state (replaying its journal) before the first connection
         yield
         if "runtime" in holder:
             holder.pop("runtime").close()

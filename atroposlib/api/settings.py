@@ -58,7 +58,8 @@ class ApiSettings(BaseModel):
     validation_workers: Optional[int] = Field(
         default=None, ge=0, le=64,
         description="Processes that parse large submissions (16 KiB or more on the wire) off "
-        "the event loop; 0 parses everything in the server process. Workers hold no state "
+        "the event loop, started with the first one; 0 parses everything in the server process. "
+        "Workers hold no state "
         "(default: one per usable CPU, at most 4; none on a single CPU).",
     )
     max_body_bytes: int = Field(

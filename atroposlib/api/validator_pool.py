@@ -8,12 +8,12 @@ no thread has to win the GIL back to hand a reply over, and requests are pipelin
 worker always has the next body waiting. Bodies smaller than `POOL_MIN_BYTES` are
 checked inline, where a round trip would cost more than it saves.
 
-The server starts its workers, and waits until they are ready, before it accepts
-connections (`ValidatorPool.start`); a pool used without that starts them with the
-first large body and checks bodies inline, rather than keeping them waiting, until a
-worker has finished importing (about half a second). A worker that dies is replaced,
-and the requests it held are checked inline; if one dies before it is ready, the pool
-stops using workers.
+Workers start with the first large body, not with the server: a run whose groups are all
+small (tests, toy environments) starts no processes, and a server is ready to accept
+connections as soon as it has opened its state. Until a worker has finished importing
+(about half a second) bodies are checked inline. A worker that dies is replaced, and the
+requests it held are checked inline; if one dies before it is ready, the pool stops using
+workers.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ import socket
 import struct
 import subprocess
 import sys
-import time
 from multiprocessing.connection import Connection
 from typing import Optional
 
@@ -44,8 +43,6 @@ from atroposlib.api.validation import (
 log = logging.getLogger("atroposlib.api")
 
 POOL_MIN_BYTES = 16 * 1024
-# A worker imports pydantic and the wire models: about half a second on a slow CPU.
-STARTUP_TIMEOUT_S = 10.0
 _GZIP_FLAG, _PLAIN_FLAG = b"\x01", b"\x00"
 _READY = b"ready"
 # multiprocessing.connection's framing: a 4-byte big-endian signed length, then the bytes.
@@ -220,16 +217,6 @@ class ValidatorPool:
             except (_WorkerGone, ConnectionError):
                 pass
         return inspect_group_body(body, gzipped, self.level, self.max_decompressed)
-
-    async def start(self, timeout: float = STARTUP_TIMEOUT_S) -> None:
-        """Start the workers and wait (at most `timeout` seconds) until they are ready,
-        so that the first large bodies already go to them (the server does this when it
-        starts, before it accepts connections)."""
-        self._replace_missing(asyncio.get_running_loop())
-        deadline = time.monotonic() + timeout
-        while any(w.alive and not w.ready for w in self._workers) and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-        self._replace_missing(asyncio.get_running_loop())
 
     def _pick_worker(self) -> Optional[_Worker]:
         """The least busy ready worker, starting missing workers; None (all starting): check inline."""

@@ -14,6 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from atroposlib.api import ApiSettings, create_app
+from tests.api.test_validator_pool import pooled_client
 from tests.conftest import FakeClock, env_registration, group, registration
 
 # The items table as servers before policy versions wrote it.
@@ -184,7 +185,7 @@ def test_drops_are_reported_in_metrics_and_one_log_line(client: TestClient, capl
 
 
 def test_large_groups_keep_their_version_through_the_validator_pool(make_client: Callable[..., TestClient]) -> None:
-    client = make_client(validation_workers=1)
+    client = pooled_client(make_client)
     start(client, starting_step=3, max_staleness=0)
     body = sampled(1, 0)
     body["tokens"] = [[7] * 3000 for _ in range(8)]

@@ -10,7 +10,7 @@ import orjson
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.api.test_validator_pool import big_group
+from tests.api.test_validator_pool import big_group, pooled_client
 from tests.conftest import group, registration, start_run
 
 TEXT = {"Content-Type": "text/plain"}
@@ -78,12 +78,12 @@ def test_consistent_groups_pass_strict_including_multi_turn_masks(make_client: C
 def test_pooled_workers_report_the_same_problems(make_client: Callable[..., TestClient]) -> None:
     body = big_group()
     body["masks"][3][500] = 1
-    strict = make_client(validation="strict", validation_workers=1)
+    strict = pooled_client(make_client, validation="strict")
     start_run(strict, 8)
     refused = strict.post("/scored_data", content=gzip.compress(orjson.dumps(body)),
                           headers={"Content-Encoding": "gzip", "Content-Type": "application/json"})
     assert refused.status_code == 422 and refused.json()["error"]["message"].startswith("body.masks.3.500")
-    lenient = make_client(validation_workers=1)
+    lenient = pooled_client(make_client)
     start_run(lenient, 8)
     accepted = lenient.post("/scored_data", json=body).json()
     assert accepted["status"] == "received" and accepted["warnings"][0].startswith("body.masks.3.500")

@@ -9,10 +9,14 @@ import random
 import signal
 import subprocess
 import sys
+from typing import Any, Callable
 
 import orjson
 import pytest
 
+from fastapi.testclient import TestClient
+
+from atroposlib.api import validator_pool
 from atroposlib.api.validation import BodyInvalid
 from atroposlib.api.validator_pool import POOL_MIN_BYTES, ValidatorPool
 from tests.conftest import group, start_run
@@ -30,14 +34,32 @@ def big_group(score: float = 1.0, **extra) -> dict:
     return body
 
 
+def pooled_client(make_client: Callable[..., TestClient], **settings: Any) -> TestClient:
+    """A server whose validator workers (started by the first large body) are ready."""
+    client = make_client(validation_workers=settings.pop("validation_workers", 1), **settings)
+    pool = client.app.state.runtime().validators
+
+    async def workers_ready() -> None:
+        pool._pick_worker()  # starts the missing workers, as a large body would
+        while not all(worker.ready for worker in pool._workers):
+            await asyncio.sleep(0.02)
+
+    client.portal.call(asyncio.wait_for, workers_ready(), 30)
+    return client
+
+
 @pytest.fixture
-def pooled(make_client):
-    client = make_client(validation_workers=1)
+def pooled(make_client: Callable[..., TestClient]) -> TestClient:
+    client = pooled_client(make_client)
     start_run(client, 8)
     return client
 
 
-def test_large_groups_go_through_workers_and_are_served_canonically(pooled) -> None:
+def test_large_groups_go_through_workers_and_are_served_canonically(pooled, monkeypatch) -> None:
+    def inline(*args: object) -> None:
+        raise AssertionError("a large body was checked in the server process")
+
+    monkeypatch.setattr(validator_pool, "inspect_group_body", inline)
     submitted = big_group(score=3, unknown="dropped")
     assert pooled.post("/scored_data", content=gzip.compress(orjson.dumps(submitted)), headers=GZIP).json() == {"status": "received"}
     assert pooled.post("/scored_data", json=big_group(score=4)).json() == {"status": "received"}
@@ -66,7 +88,7 @@ def test_worker_reports_corrupt_gzip(pooled) -> None:
 
 
 def test_worker_enforces_the_decompression_cap(make_client) -> None:
-    client = make_client(validation_workers=1, max_decompressed_bytes=100_000)
+    client = pooled_client(make_client, max_decompressed_bytes=100_000)
     start_run(client, 8)
     bomb = gzip.compress(b"[" + b"0," * 12_000_000 + b"0]")
     assert len(bomb) > POOL_MIN_BYTES
@@ -136,21 +158,31 @@ def test_the_worker_imports_neither_fastapi_nor_the_server() -> None:
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
 
 
-def test_the_server_starts_its_workers_when_it_starts(make_client) -> None:
+def test_the_server_starts_its_workers_with_the_first_large_body(make_client) -> None:
     client = make_client(validation_workers=2)
-    assert len(client.app.state.runtime().validators.live_workers()) == 2
+    start_run(client, 8)
+    validators = client.app.state.runtime().validators
+    assert validators.live_workers() == []
+    assert client.post("/scored_data", json=group(8, env_id=0)).json() == {"status": "received"}
+    assert validators.live_workers() == []
+    assert client.post("/scored_data", json=big_group()).json() == {"status": "received"}
+    assert len(validators.live_workers()) == 2
 
 
 def test_workers_that_cannot_start_leave_the_checks_to_the_server(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sys, "executable", "/bin/false")  # every worker exits at once
     pool = ValidatorPool(2, "warn", 1 << 30)
+    body = orjson.dumps(big_group())
 
-    async def start_then_submit() -> int:
-        await pool.start()
-        return (await pool.inspect(orjson.dumps(big_group()), gzipped=False)).size
+    async def submit_until_the_pool_gives_up() -> list[int]:
+        sizes = []
+        while pool.workers and len(sizes) < 100:
+            sizes.append((await pool.inspect(body, gzipped=False)).size)
+            await asyncio.sleep(0.05)
+        return sizes
 
     try:
-        assert asyncio.run(start_then_submit()) == 8
-        assert pool.workers == 0
+        sizes = asyncio.run(submit_until_the_pool_gives_up())
+        assert pool.workers == 0 and set(sizes) == {8}
     finally:
         pool.close()
