@@ -13,7 +13,6 @@ from typing import Any, Callable
 
 import orjson
 import pytest
-
 from fastapi.testclient import TestClient
 
 from atroposlib.api import validator_pool
