@@ -107,8 +107,11 @@ class GroupPage:
                                      label=f"Output{label}", elem_classes=["vr-output", *classes]))
             scores.append(gr.update(value=format_score(completions[slot].score) if shown else "", visible=shown,
                                     label=f"Score{label}", elem_classes=["vr-score", *classes]))
-        # From a group that cannot be shown the neighbours can still be reached.
-        navigation = [gr.update(interactive=index > 0), gr.update(interactive=index + 1 < len(self.feed))]
+        # From a group that cannot be shown the neighbours can still be reached. The fetch button
+        # waits for the page's load event too: a batch fetched before it would be hidden by the
+        # load's own answer, computed on the empty feed and delivered after the fetch's.
+        navigation = [gr.update(interactive=index > 0), gr.update(interactive=index + 1 < len(self.feed)),
+                      gr.update(interactive=True)]
         return [*head, *outputs, *scores, status, index, *navigation]
 
 
@@ -122,7 +125,7 @@ def build_demo(page: GroupPage) -> gr.Blocks:
         with gr.Row():
             previous = gr.Button("Previous group", interactive=False)
             following = gr.Button("Next group", interactive=False)
-            fetch = gr.Button(options.fetch_label, variant="primary", visible=page.feed.can_fetch)
+            fetch = gr.Button(options.fetch_label, variant="primary", visible=page.feed.can_fetch, interactive=False)
         status = gr.HTML(elem_id="vr-status", js_on_load=None)
         head: list[Any] = []
         with gr.Row():
@@ -140,7 +143,7 @@ def build_demo(page: GroupPage) -> gr.Blocks:
                 with gr.Column(scale=7):
                     outputs.append(gr.HTML(label=f"Output_{slot + 1}", show_label=True, container=True,
                                            visible=False, js_on_load=None, elem_classes=["vr-output"]))
-        components = [*head, *outputs, *scores, status, index, previous, following]
+        components = [*head, *outputs, *scores, status, index, previous, following, fetch]
         previous.click(page.previous, inputs=index, outputs=components, api_name="previous_group")
         following.click(page.next, inputs=index, outputs=components, api_name="next_group")
         fetch.click(page.fetch, inputs=index, outputs=components, api_name="get_batch")

@@ -303,6 +303,11 @@ def test_live_api_consumes_when_free_refuses_a_trainer_and_attaches_without_taki
 def _check_consumer(viewer: ViewerProcess, api: ApiProcess, browser: Any) -> None:  # noqa: F811
     """No trainer: the viewer registered itself and takes a whole batch on request."""
     assert viewer.process is not None and viewer.process.poll() is None, viewer.log()
+    # The button comes disabled and the page's load event enables it (the click waits for that):
+    # a batch fetched before the load answered was hidden by the load's empty page.
+    buttons = {c["props"].get("value"): c["props"] for c in httpx.get(viewer.url + "config").json()["components"]
+               if c.get("type") == "button"}
+    assert buttons["Grab Next Batch"]["interactive"] is False
     page = browser.new_page(viewport=VIEWPORT)
     page.goto(viewer.url)
     page.get_by_role("button", name="Grab Next Batch").click()
