@@ -24,18 +24,23 @@ a tied LM head on the new embedding (`atropos_worker` in ``vllm_plugins/``).
 ``VLLM_SERVER_DEV_MODE=1`` is set so a trainer can swap in new weights (``/collective_rpc``
 ``reload_weights``), and vLLM's cache is in ``$ATROPOS_HOME/vllm-cache`` unless
 ``VLLM_CACHE_ROOT`` says otherwise (`atroposlib.local.paths.vllm_cache_dir`: a start with
-another HOME reuses it). The server runs in a process group of its own, stopped as a whole on
-`stop`, on SIGINT, SIGTERM or SIGHUP to the wrapper, and (Linux) when the wrapper dies.
+another HOME reuses it). vLLM's processes talk over Unix sockets it makes in the temporary
+folder and leaves there when it is stopped by a signal (two a start: a run restarting vLLM each
+step would fill ``/tmp``); each launch gives them a folder of its own (``VLLM_RPC_BASE_PATH``,
+unless set), removed on `stop`. The server runs in a process group of its own, stopped as a
+whole on `stop`, on SIGINT, SIGTERM or SIGHUP to the wrapper, and (Linux) when the wrapper dies.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -56,6 +61,18 @@ STOCK_ENTRYPOINT = ("-m", "vllm.entrypoints.openai.api_server")
 # the policy-version middleware and the reload worker extension, imported by the server from this
 # folder (its own runtime has no atroposlib)
 PLUGINS_DIR = Path(__file__).resolve().with_name("vllm_plugins")
+# vLLM names its sockets ipc://FOLDER/<uuid4>: a Unix socket's path holds at most 107 bytes
+_LONGEST_IPC_FOLDER = 107 - 37
+
+
+def _private_ipc_folder() -> Optional[Path]:
+    """A new folder for one server's IPC sockets in the temporary folder, or None (vLLM's default)
+    where the temporary folder's path is too long to hold one."""
+    if len(os.path.join(tempfile.gettempdir(), "vllm-ipc-12345678")) > _LONGEST_IPC_FOLDER:
+        return None
+    return Path(tempfile.mkdtemp(prefix="vllm-ipc-"))
+
+
 STOCK_RL_FLAGS = ("--logprobs-mode", "processed_logprobs", "--generation-config", "vllm",
                   "--middleware", "atropos_policy_version.policy_version",
                   "--worker-extension-cls", "atropos_worker.ReloadWorkerExtension")
@@ -129,6 +146,8 @@ class LocalVLLM:
         self.enforce_eager = enforce_eager
         self.allocator = allocator
         self.process: Optional[subprocess.Popen[bytes]] = None
+        # the folder of the running server's IPC sockets, when this launch made it
+        self.ipc_folder: Optional[Path] = None
         self._stopped = False
         self.gpu = self._on_gpu()
         self.dtype: DtypeChoice = choose_dtype(read_cpu().flags, dtype, gpu=self.gpu)
@@ -197,11 +216,19 @@ class LocalVLLM:
         self._stopped = False
         # started from another thread, the server would die when that thread ends
         in_main_thread = threading.current_thread() is threading.main_thread()
-        log = open(self.log_path, "ab")
-        with log:
-            self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
-                                            env=self.environment(), start_new_session=True,
-                                            preexec_fn=_die_with_parent if in_main_thread else None)
+        environment = self.environment()
+        if "VLLM_RPC_BASE_PATH" not in environment:
+            self.ipc_folder = _private_ipc_folder()
+            if self.ipc_folder is not None:
+                environment["VLLM_RPC_BASE_PATH"] = str(self.ipc_folder)
+        try:
+            with open(self.log_path, "ab") as log:
+                self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
+                                                env=environment, start_new_session=True,
+                                                preexec_fn=_die_with_parent if in_main_thread else None)
+        except BaseException:
+            self._remove_ipc_folder()
+            raise
 
     def wait_until_ready(self, timeout: float = 300.0) -> "LocalVLLM":
         """Wait until the launched server answers /health; one that fails to, or a wait that is
@@ -249,7 +276,13 @@ class LocalVLLM:
         except ProcessLookupError:
             pass
         self.process.wait()
+        self._remove_ipc_folder()
         self._stopped = True
+
+    def _remove_ipc_folder(self) -> None:
+        if self.ipc_folder is not None:
+            shutil.rmtree(self.ipc_folder, ignore_errors=True)
+            self.ipc_folder = None
 
     def reload_weights(self, weights_dir: Path, policy_version: Optional[int] = None, timeout: float = 300.0) -> float:
         """Swap the served weights for those in `weights_dir` (same architecture) without a

@@ -4,7 +4,8 @@ handling that do not need the real engine.
 `stand_in_runtime` makes a runtime folder whose ``bin/python`` runs this file as a fake
 vLLM server: it answers ``/health`` and ``/metrics`` (generation counters that grow on
 every read) on the ``--port`` it is given, starts a child process of its own (as vLLM starts
-its engine), and appends both process ids to ``$STAND_IN_PIDS``; with
+its engine), binds a Unix socket in ``$VLLM_RPC_BASE_PATH`` (where set) as vLLM's processes do,
+and appends both process ids to ``$STAND_IN_PIDS``; with
 ``$STAND_IN_UNHEALTHY`` set, ``/health`` answers 503 for ever (a start that never ends).
 `stand_in_environment` writes an environment file that records its pid, writes the groups
 asked for and prints process mode's report, or sleeps when ``$STAND_IN_ENV_SLEEPS`` is set.
@@ -14,9 +15,11 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
+import uuid
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -130,6 +133,9 @@ class _Handler(BaseHTTPRequestHandler):
 
 def _serve_as_vllm(argv: list[str]) -> None:
     port = int(argv[argv.index("--port") + 1])
+    if os.environ.get("VLLM_RPC_BASE_PATH"):
+        ipc = socket.socket(socket.AF_UNIX)
+        ipc.bind(os.path.join(os.environ["VLLM_RPC_BASE_PATH"], str(uuid.uuid4())))
     engine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     with open(os.environ["STAND_IN_PIDS"], "a") as pids:
         pids.write(f"{os.getpid()}\n{engine.pid}\n")

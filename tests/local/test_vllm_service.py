@@ -4,9 +4,11 @@ line, and every stop signal stopping the server's whole process group."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,7 @@ from tests.local.stand_ins import (
     running,
     signal_and_read,
     stand_in_runtime,
+    wait_until,
 )
 
 
@@ -43,6 +46,30 @@ def test_vllms_cache_is_in_atropos_home_unless_the_user_sets_one(tmp_path: Path,
         tmp_path / "home" / "vllm-cache")
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "mine"))
     assert LocalVLLM(tmp_path / "model", runtime=runtime).environment()["VLLM_CACHE_ROOT"] == str(tmp_path / "mine")
+
+
+def test_vllms_sockets_go_with_the_server_unless_the_user_names_their_folder(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STAND_IN_PIDS", str(tmp_path / "pids"))
+    monkeypatch.delenv("VLLM_RPC_BASE_PATH", raising=False)
+    runtime = stand_in_runtime(tmp_path)
+    server = LocalVLLM(model_folder(tmp_path / "model"), port=free_port(), runtime=runtime, log_path=tmp_path / "log")
+    with server:
+        folder = server.ipc_folder
+        assert folder is not None and folder.parent == Path(tempfile.gettempdir())
+        wait_until(lambda: any(path.is_socket() for path in folder.iterdir()))
+    assert not folder.exists() and server.ipc_folder is None
+
+    mine = Path(tempfile.mkdtemp(prefix="mine-"))  # a socket's path is short: not under tmp_path
+    monkeypatch.setenv("VLLM_RPC_BASE_PATH", str(mine))
+    try:
+        with LocalVLLM(model_folder(tmp_path / "model"), port=free_port(), runtime=runtime,
+                       log_path=tmp_path / "log") as server:
+            assert server.ipc_folder is None
+            wait_until(lambda: any(path.is_socket() for path in mine.iterdir()))
+        assert mine.is_dir()  # the user's folder stays, with what vLLM leaves in it
+    finally:
+        shutil.rmtree(mine)
 
 
 def _start_wrapper(tmp_path: Path, *flags: str, **environ: str) -> tuple[subprocess.Popen[str], Path]:
