@@ -90,6 +90,13 @@ def recorded_pids(path: Path, count: int, timeout: float = 120.0) -> list[int]:
     return [int(pid) for pid in path.read_text().split()]
 
 
+def ipc_folder_of(pid: int) -> Path:
+    """The folder of a (stand-in or real) vLLM process's IPC sockets, from its environment."""
+    environment = dict(entry.split("=", 1) for entry in
+                       Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in entry)
+    return Path(environment["VLLM_RPC_BASE_PATH"])
+
+
 def all_gone(pids: list[int], timeout: float = 10.0) -> None:
     wait_until(lambda: not any(running(pid) for pid in pids), timeout)
 

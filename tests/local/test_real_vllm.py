@@ -22,7 +22,7 @@ from atroposlib.local.vllm_service import LocalVLLM
 from tests.conftest import registration
 from tests.doc_commands import readme_arguments
 from tests.helpers import ApiProcess, free_port
-from tests.local.stand_ins import killed_at_exit, signal_and_read, wait_until
+from tests.local.stand_ins import ipc_folder_of, killed_at_exit, signal_and_read, wait_until
 from tests.real_engine import ROOT, assert_engine_core_forked_and_running_the_model
 
 pytestmark = [pytest.mark.real_vllm, pytest.mark.slow]
@@ -163,13 +163,6 @@ def _process_group_members(pgid: int) -> list[int]:
     return members
 
 
-def _ipc_folder(pid: int) -> Path:
-    """The folder of the process's vLLM sockets, from its environment."""
-    environment = dict(entry.split("=", 1) for entry in
-                       Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in entry)
-    return Path(environment["VLLM_RPC_BASE_PATH"])
-
-
 def test_sigterm_to_the_real_wrapper_stops_every_vllm_process(real_model_dir: Path, tmp_path: Path) -> None:
     # the README's command (its default model is real_model_dir), on a free port
     serve = readme_arguments("console-tools", "atropos-vllm serve", {"9001": str(free_port())})
@@ -182,7 +175,7 @@ def test_sigterm_to_the_real_wrapper_stops_every_vllm_process(real_model_dir: Pa
         children = Path(f"/proc/{wrapper.pid}/task/{wrapper.pid}/children").read_text().split()
         vllm_group = int(children[0])  # vLLM leads a process group of its own
         assert len(_process_group_members(vllm_group)) >= 2  # the API server and its engine
-        sockets = _ipc_folder(vllm_group)
+        sockets = ipc_folder_of(vllm_group)
         assert any(path.is_socket() for path in sockets.iterdir()), "vLLM made no sockets in its own folder"
         output = signal_and_read(wrapper, signal.SIGTERM, timeout=120)
     assert wrapper.returncode == 0 and "stopped by SIGTERM: vLLM stopped" in output, output

@@ -18,6 +18,7 @@ from atroposlib.local.vllm_service import LocalVLLM, VLLMStartError
 from tests.helpers import free_port
 from tests.local.stand_ins import (
     all_gone,
+    ipc_folder_of,
     killed_at_exit,
     model_folder,
     recorded_pids,
@@ -103,6 +104,7 @@ def test_the_server_dies_with_a_killed_wrapper(tmp_path: Path) -> None:
     wrapper, pids = _start_wrapper(tmp_path)
     with killed_at_exit(wrapper):
         server_pid, engine_pid = recorded_pids(pids, 2)
+        sockets = ipc_folder_of(server_pid)  # a killed wrapper cannot remove it
         wrapper.kill()
         wrapper.wait(30)
     try:
@@ -111,6 +113,7 @@ def test_the_server_dies_with_a_killed_wrapper(tmp_path: Path) -> None:
         for pid in (server_pid, engine_pid):  # the stand-in's engine outlives it (vLLM's does not)
             if running(pid):
                 os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(sockets)
 
 
 def test_a_stop_signal_during_start_up_leaves_nothing(tmp_path: Path) -> None:
