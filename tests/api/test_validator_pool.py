@@ -34,8 +34,8 @@ def big_group(score: float = 1.0, **extra) -> dict:
 
 
 def pooled_client(make_client: Callable[..., TestClient], **settings: Any) -> TestClient:
-    """A server whose validator workers (started by the first large body) are ready."""
-    client = make_client(validation_workers=settings.pop("validation_workers", 1), **settings)
+    """A server whose validator worker (started by the first large body) is ready."""
+    client = make_client(validation_workers=1, **settings)
     pool = client.app.state.runtime().validators
 
     async def workers_ready() -> None:
