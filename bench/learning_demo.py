@@ -9,9 +9,9 @@ checkpoints every ``--eval-every`` steps, all through one vLLM server whose weig
 reloaded in place. Writes a PNG (batch reward per step, held-out accuracy per checkpoint
 against wall time) and a JSON of every figure, and prints the summary: CPU, wall time,
 training positions/s, generation tokens/s. Every process runs with its defaults: the trainer
-computes in the dtype ``--dtype auto`` picks on this machine (bfloat16 on a CPU with bf16
-instructions, float32 without) over float32 master weights, and the evaluation's vLLM in the
-dtype ``atropos-vllm serve`` picks. Needs the vLLM runtime (`atropos-vllm install`)
+computes in the dtype ``--dtype auto`` picks on this machine (float32 on a CPU) with float32
+master weights; the evaluation's vLLM serves the checkpoints in float32 (``--eval-dtype``), as
+they were trained. Needs the vLLM runtime (`atropos-vllm install`)
 and the prepared model (`atropos-prepare-model`); no GPU, no internet. Not a CI test: on a
 2-core CPU it takes up to an hour. Run it with the machine to itself.
 
@@ -38,10 +38,11 @@ from typing import Any, Optional
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from atroposlib.local.cpu import DTYPES, choose_dtype, read_cpu  # noqa: E402
+from atroposlib.local.cpu import DTYPES, read_cpu  # noqa: E402
 from atroposlib.local.prepare_model import prepare_model  # noqa: E402
 from atroposlib.local.signals import stop_signals_raise  # noqa: E402
 from atroposlib.local.vllm_service import LocalVLLM, free_port  # noqa: E402
+from example_trainer.config import TrainingConfig  # noqa: E402
 
 STEP_LINE = re.compile(r"^step (\d+) \|.*\| batch score ([-+0-9.]+)")
 TIMES = re.compile(r"time wait ([0-9.]+)s \+ train ([0-9.]+)s(?: \+ save ([0-9.]+)s)?(?: \+ sync ([0-9.]+)s)?")
@@ -294,7 +295,7 @@ def dtype_of(args: argparse.Namespace, flags: frozenset[str]) -> str:
     for flag in args.trainer_flag:
         if flag.startswith("--dtype="):
             return flag.split("=", 1)[1]
-    return choose_dtype(flags).dtype
+    return TrainingConfig(model_name="m", device="cpu").resolved_dtype(flags).dtype
 
 
 def main() -> None:
@@ -312,9 +313,10 @@ def main() -> None:
     parser.add_argument("--split-seed", type=int, default=1234, help="which pairs are held out")
     parser.add_argument("--eval-seed", type=int, default=0, help="seeds the evaluation's sampling")
     parser.add_argument("--max-answer-tokens", type=int, default=32, help="longest answer sampled")
-    parser.add_argument("--eval-dtype", choices=DTYPES, default="auto",
-                        help="the dtype the evaluation's vLLM serves each checkpoint in (auto: the CPU's fast one; "
-                             "float32 shows float32 weights as they are, bfloat16 rounds small updates away)")
+    parser.add_argument("--eval-dtype", choices=DTYPES, default="float32",
+                        help="the dtype the evaluation's vLLM serves each checkpoint in: float32 (default) "
+                             "evaluates the trained float32 weights as they are; bfloat16 (or auto on a CPU with "
+                             "bf16 instructions) rounds small updates away")
     parser.add_argument("--seed", type=int, default=0, help="the order in which the environment draws training pairs")
     parser.add_argument("--all-alike", choices=("drop", "keep"), default="drop",
                         help="groups whose answers all score alike: dropped by the environment (its default) or "

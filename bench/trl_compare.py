@@ -377,7 +377,7 @@ def main() -> None:
     parser.add_argument("--split-seed", type=int, default=1234)
     parser.add_argument("--eval-seed", type=int, default=0)
     parser.add_argument("--max-answer-tokens", type=int, default=32)
-    parser.add_argument("--eval-dtype", choices=("auto", "float32", "bfloat16"), default="auto",
+    parser.add_argument("--eval-dtype", choices=("auto", "float32", "bfloat16"), default="float32",
                         help="the dtype both sides' checkpoints are evaluated in (see bench/learning_demo.py)")
     parser.add_argument("--ours-sync-every", type=int, default=1, help="this project's steps between weight syncs")
     parser.add_argument("--ours-trainer-flag", action="append", default=[],

@@ -82,8 +82,12 @@ def test_auto_dtype_on_a_cpu_without_bf16_instructions_is_float32() -> None:
 
 
 @pytest.mark.parametrize("flag", ["avx512_bf16", "amx_bf16"])
-def test_auto_dtype_on_a_cpu_with_bf16_instructions_is_bfloat16(flag: str) -> None:
-    assert TrainingConfig(model_name="m", device="cpu").resolved_dtype(cpu_flags={"avx2", flag}).dtype == "bfloat16"
+def test_auto_dtype_on_a_cpu_with_bf16_instructions_is_float32_and_names_the_faster_choice(flag: str) -> None:
+    choice = TrainingConfig(model_name="m", device="cpu").resolved_dtype(cpu_flags={"avx2", flag})
+    assert choice.dtype == "float32"
+    assert flag in choice.reason and "--dtype bfloat16" in choice.reason
+    asked = TrainingConfig(model_name="m", device="cpu", dtype="bfloat16").resolved_dtype(cpu_flags={"avx2", flag})
+    assert asked.dtype == "bfloat16"
 
 
 def test_auto_dtype_on_cuda_is_bfloat16_and_an_explicit_dtype_wins() -> None:
