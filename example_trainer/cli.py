@@ -141,12 +141,12 @@ def _vllm_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--max-model-len", type=int, default=4096, help="vLLM's context length")
     group.add_argument("--dtype", choices=DTYPES, default="auto",
                        help="compute dtype of training and vLLM's dtype (the trained weights and optimizer "
-                            "state stay float32); auto: bfloat16 on GPUs, float32 on CPUs (bfloat16 is faster a "
-                            "step on CPUs with bf16 instructions, but learns less per step)")
+                            "state stay float32); auto: bfloat16 on GPUs and on CPUs with amx_bf16, else float32 "
+                            "(with avx512_bf16 alone bfloat16 is little faster a step and learns less per step)")
     group.add_argument("--vllm-dtype", choices=DTYPES, default=None,
                        help="the dtype the trainer's vLLM serves the weights in (default: --dtype's). float32 "
-                            "serves the float32 weights exactly: bfloat16 rounds away updates smaller than its "
-                            "spacing (about 1/256 of a weight), which at a learning rate of 1e-5 is most of them")
+                            "serves the float32 weights exactly, but beside bfloat16 compute the trainer's "
+                            "log-probabilities no longer match the sampler's (many tokens clipped): measured worse")
     group.add_argument("--vllm-restart-interval", type=int, default=3, help="steps between weight syncs to vLLM")
     group.add_argument("--vllm-stop-during-train", action="store_true",
                        help="stop vLLM while a step trains (when both share a GPU without headroom)")

@@ -3,10 +3,11 @@
 The fields and defaults are Atropos 0.4.0's (a run configured for its trainer means the
 same here), with these changes:
 
-* ``dtype`` defaults to ``auto``: bfloat16 on a GPU, float32 on a CPU (without bf16
-  instructions bfloat16 is several times slower; with them it is faster a step but learns
-  less per step, since its forward passes see the float32 weights rounded).
-  `TrainingConfig.resolved_dtype` makes the choice and says why.
+* ``dtype`` defaults to ``auto``: bfloat16 on a GPU and on a CPU with AMX (``amx_bf16``),
+  float32 on other CPUs (without bf16 instructions bfloat16 is several times slower; with
+  ``avx512_bf16`` alone it is little faster a step and learned less per step, since its
+  forward passes see the float32 weights rounded). `TrainingConfig.resolved_dtype` makes the
+  choice and says why.
 * Added: ``resume_from``, ``use_env_advantages``, ``missing_logprobs``,
   ``vllm_stop_during_train``, ``kl_coef``, ``max_prefetch_batches``, ``lease_seconds``,
   ``vllm_python``, ``save_total_limit``, ``log_dir``, the ``reload`` weight-bridge mode, and
@@ -40,7 +41,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
 from atroposlib.local.allocator import Allocator
-from atroposlib.local.cpu import BF16_FLAGS, DTYPES, Dtype, DtypeChoice, choose_dtype, read_cpu
+from atroposlib.local.cpu import DTYPES, Dtype, DtypeChoice, choose_dtype, read_cpu
 from example_trainer.inference_servers import server_root
 
 DataParallel = Literal["ddp", "fsdp"]
@@ -306,10 +307,9 @@ class TrainingConfig(BaseModel):
             # Atropos trains in bfloat16 on GPUs; every GPU it supports has bf16 arithmetic.
             return DtypeChoice("bfloat16", "CUDA device: bfloat16")
         flags = set(read_cpu().flags if cpu_flags is None else cpu_flags)
-        fast_bf16 = [flag for flag in BF16_FLAGS if flag in flags]
-        if not fast_bf16:
-            return choose_dtype(flags)
-        # bfloat16 compute was faster a step but learned less per step: its forward passes (and a
-        # bfloat16 vLLM's sampling) see the float32 weights rounded, so small updates show late
-        return DtypeChoice("float32", f"a CPU: float32 learns more per step than bfloat16 compute, which this "
-                                      f"CPU's {' and '.join(fast_bf16)} make faster (--dtype bfloat16)")
+        if "avx512_bf16" in flags and "amx_bf16" not in flags:
+            # measured (README, "Against TRL"): a step only ~1.3x faster, and less learned per step,
+            # since bfloat16 forward passes and sampling see the float32 weights rounded
+            return DtypeChoice("float32", "the CPU has avx512_bf16 without amx_bf16: bfloat16 compute is little "
+                                          "faster there and learns less per step (--dtype bfloat16 to use it)")
+        return choose_dtype(flags)

@@ -16,7 +16,7 @@ from example_trainer.config import TrainingConfig
 from tests.reference_tests import REFERENCE_PYTHON
 
 # Flags whose default is deliberately not Atropos's: dtype "auto" picks float32 on CPUs
-# without bf16 instructions; --device is an expression (cuda when available), checked below.
+# without AMX; --device is an expression (cuda when available), checked below.
 CHANGED_DEFAULTS = {"--dtype": "auto"}
 NOT_LITERAL = object()
 

@@ -81,12 +81,16 @@ def test_auto_dtype_on_a_cpu_without_bf16_instructions_is_float32() -> None:
     assert "avx512_bf16" in choice.reason
 
 
-@pytest.mark.parametrize("flag", ["avx512_bf16", "amx_bf16"])
-def test_auto_dtype_on_a_cpu_with_bf16_instructions_is_float32_and_names_the_faster_choice(flag: str) -> None:
-    choice = TrainingConfig(model_name="m", device="cpu").resolved_dtype(cpu_flags={"avx2", flag})
+@pytest.mark.parametrize("flags", [{"amx_bf16"}, {"avx512_bf16", "amx_bf16"}])
+def test_auto_dtype_on_a_cpu_with_amx_is_bfloat16(flags: set[str]) -> None:
+    assert TrainingConfig(model_name="m", device="cpu").resolved_dtype(cpu_flags={"avx2"} | flags).dtype == "bfloat16"
+
+
+def test_auto_dtype_on_a_cpu_with_avx512_bf16_alone_is_float32_and_names_the_other_choice() -> None:
+    choice = TrainingConfig(model_name="m", device="cpu").resolved_dtype(cpu_flags={"avx2", "avx512_bf16"})
     assert choice.dtype == "float32"
-    assert flag in choice.reason and "--dtype bfloat16" in choice.reason
-    asked = TrainingConfig(model_name="m", device="cpu", dtype="bfloat16").resolved_dtype(cpu_flags={"avx2", flag})
+    assert "avx512_bf16 without amx_bf16" in choice.reason and "--dtype bfloat16" in choice.reason
+    asked = TrainingConfig(model_name="m", device="cpu", dtype="bfloat16").resolved_dtype(cpu_flags={"avx512_bf16"})
     assert asked.dtype == "bfloat16"
 
 
