@@ -39,10 +39,18 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from atroposlib.local.cpu import DTYPES, read_cpu  # noqa: E402
-from atroposlib.local.prepare_model import prepare_model  # noqa: E402
+from atroposlib.local.prepare_model import ModelPreparationError, prepare_model  # noqa: E402
 from atroposlib.local.signals import stop_signals_raise  # noqa: E402
 from atroposlib.local.vllm_service import LocalVLLM, free_port  # noqa: E402
 from example_trainer.config import TrainingConfig  # noqa: E402
+
+def prepared_model() -> Path:
+    """The bundled model's folder, or an exit naming what is missing (no vLLM runtime yet)."""
+    try:
+        return prepare_model()
+    except (ModelPreparationError, FileNotFoundError) as missing:
+        raise SystemExit(f"error: {missing}") from None
+
 
 STEP_LINE = re.compile(r"^step (\d+) \|.*\| batch score ([-+0-9.]+)")
 TIMES = re.compile(r"time wait ([0-9.]+)s \+ train ([0-9.]+)s(?: \+ save ([0-9.]+)s)?(?: \+ sync ([0-9.]+)s)?")
@@ -331,7 +339,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.eval_every % args.sync_every:
         parser.error("--eval-every must be a multiple of --sync-every (checkpoints exist at sync steps)")
-    model = prepare_model()
+    model = prepared_model()
     cpu = read_cpu()
     result = Result(cpu=cpu.model_name, cores=os.cpu_count() or 1,
                     settings={k: v for k, v in vars(args).items() if k not in ("png", "json", "keep")} |

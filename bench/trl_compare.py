@@ -209,10 +209,10 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 def race(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
     """Every side's runs, seed by seed, taking turns; stored runs with these settings are kept."""
     from atroposlib.local.cpu import read_cpu
-    from atroposlib.local.prepare_model import prepare_model
+    from bench.learning_demo import prepared_model
 
     cpu = read_cpu().model_name
-    model = prepare_model()
+    model = prepared_model()
     args.runs.mkdir(parents=True, exist_ok=True)
     runs: dict[str, list[dict[str, Any]]] = {side: [] for side in args.sides}
     for seed in range(args.seeds):

@@ -3,7 +3,11 @@ into the step's time budget (waiting for a batch, training, saving, syncing)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -37,3 +41,14 @@ def test_the_budget_accounts_for_the_whole_run() -> None:
     assert budget["start-up"] == pytest.approx(30.0 - 18.0, abs=0.5)
     assert sum(value for name, value in budget.items() if name != "evaluation") == pytest.approx(100.0)
     assert budget["evaluation"] == 20.0
+
+
+@pytest.mark.parametrize("script", ["learning_demo.py", "trl_compare.py"])
+def test_without_a_vllm_runtime_the_bench_says_so_in_one_line(script: str, tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parents[2]
+    ran = subprocess.run([sys.executable, str(root / "bench" / script)], capture_output=True, text=True,
+                         env={**os.environ, "ATROPOS_HOME": str(tmp_path)}, timeout=120)
+    assert ran.returncode == 1
+    assert "Traceback" not in ran.stderr
+    assert ran.stderr.strip().splitlines() == [f"error: no vLLM runtime at {tmp_path / 'vllm-runtime'}: "
+                                               "run `atropos-vllm install`"]
