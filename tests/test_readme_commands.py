@@ -21,7 +21,7 @@ program, which reads them from the README:
 * minimal-env, minimal-env-run, lease-loop: tests/test_doc_examples.py.
 
 The benchmarks of blocks bench-weight-sync, bench-vllm-start, bench-learning-demo, bench-trl-compare,
-bench-trl-levers and bench-train-step take minutes even at one update or one step (they start vLLM
+bench-trl-levers, bench-trl-compare-epyc and bench-train-step take minutes even at one update or one step (they start vLLM
 and train; the last two are the README's learning figures, run alone on an idle machine), beyond
 CI's time budget: their test starts the script and checks that it knows every flag of the command.
 The real engine runs once here, for the quickstart.
@@ -265,6 +265,7 @@ def test_the_gpu_smoke_passes_on_a_cpu(tmp_path: Path) -> None:
     pytest.param("bench-precision", ".venv/bin/python bench/precision.py", id="bench-precision"),
     pytest.param("bench-trl-compare", ".venv/bin/python bench/trl_compare.py", id="bench-trl-compare"),
     pytest.param("bench-trl-levers", ".venv/bin/python bench/trl_compare.py", id="bench-trl-levers"),
+    pytest.param("bench-trl-compare-epyc", ".venv/bin/python bench/trl_compare.py", id="bench-trl-compare-epyc"),
     pytest.param("bench-train-step", ".venv/bin/python bench/train_step.py", id="bench-train-step"),
     pytest.param("bench-train-step-race-shape", ".venv/bin/python bench/train_step.py",
                  id="bench-train-step-race-shape"),
