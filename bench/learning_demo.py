@@ -44,6 +44,7 @@ from atroposlib.local.signals import stop_signals_raise  # noqa: E402
 from atroposlib.local.vllm_service import LocalVLLM, free_port  # noqa: E402
 from example_trainer.config import TrainingConfig  # noqa: E402
 
+
 def prepared_model() -> Path:
     """The bundled model's folder, or an exit naming what is missing (no vLLM runtime yet)."""
     try:
