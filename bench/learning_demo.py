@@ -10,8 +10,8 @@ reloaded in place. Writes a PNG (batch reward per step, held-out accuracy per ch
 against wall time) and a JSON of every figure, and prints the summary: CPU, wall time,
 training positions/s, generation tokens/s. Every process runs with its defaults: the trainer
 computes in the dtype ``--dtype auto`` picks on this machine (float32 on a CPU without AMX)
-with float32 master weights; the evaluation's vLLM serves the checkpoints in float32 (``--eval-dtype``), as
-they were trained. Needs the vLLM runtime (`atropos-vllm install`)
+with float32 master weights; the evaluation's vLLM serves the checkpoints in float32
+(``--eval-dtype``), as they were trained. Needs the vLLM runtime (`atropos-vllm install`)
 and the prepared model (`atropos-prepare-model`); no GPU, no internet. Not a CI test: on a
 2-core CPU it takes up to an hour. Run it with the machine to itself.
 
