@@ -21,7 +21,7 @@ program, which reads them from the README:
 * minimal-env, minimal-env-run, lease-loop: tests/test_doc_examples.py.
 
 The benchmarks of blocks bench-weight-sync, bench-vllm-start, bench-learning-demo, bench-trl-compare,
-bench-trl-levers, bench-trl-compare-epyc and bench-train-step take minutes even at one update or one
+bench-trl-compare-epyc, bench-trl-levers and bench-train-step take minutes even at one update or one
 step (they start vLLM and train; the last two are the README's learning figures, run alone on an
 idle machine), beyond CI's time budget: their test starts the script and checks that it knows
 every flag of the command.
