@@ -23,6 +23,7 @@ batches back to the API.
 from __future__ import annotations
 
 import datetime
+import gc
 import os
 import signal
 import threading
@@ -130,8 +131,17 @@ def peer_failure(exc: BaseException, ranks: Ranks) -> Optional[DistributedError]
 
 
 def stop(ranks: Ranks) -> None:
-    """Leave the process group."""
+    """Leave the process group, once the garbage that may still hold it is collected.
+
+    DDP's reducer holds the group, and the model it belongs to sits in reference cycles that
+    only the collector frees. Were the reducer the group's last holder when the collector ran at
+    exit, freeing the group would join its gloo threads with the GIL held (pybind frees the
+    reducer without releasing it) while a thread needing the GIL to drop its last tensors waits:
+    the process hangs after "Training finished". Collected here, while the group is still
+    registered, the reducer lets go of a group that `destroy_process_group` then frees, with the
+    GIL released."""
     if ranks.distributed and dist.is_initialized():
+        gc.collect()
         dist.destroy_process_group()
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import shutil
 import time
+import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,7 +91,9 @@ def train(config: TrainingConfig) -> None:
     ranks = distributed.start(config)
     try:
         train_ranks(config, ranks)
-    except RuntimeError as exc:
+    except BaseException as exc:
+        # the failed frames' locals hold the model, which must be freed before the group (distributed.stop)
+        traceback.clear_frames(exc.__traceback__)
         failure = distributed.peer_failure(exc, ranks)
         if failure is None:
             raise

@@ -236,3 +236,31 @@ def test_a_rank_whose_peers_never_come_stops_with_one_line(monkeypatch: pytest.M
     config = TrainingConfig(model_name="m", world_size=2, trainer_rank=0, init_method=f"tcp://127.0.0.1:{free_port()}")
     with pytest.raises(distributed.DistributedError, match="rank 0 of 2 could not join the run at tcp://"):
         distributed.start(config)
+
+
+def test_leaving_the_group_frees_the_ddp_model_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A DDP model left in a reference cycle would otherwise be freed by the collector at exit,
+    after the group is destroyed: its reducer, then the group's last holder, joins the gloo threads
+    with the GIL held and the process can hang after training (seen in the Slurm trainer job)."""
+    import weakref
+
+    import torch.distributed as dist
+
+    from example_trainer import distributed
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        model = distributed.wrap(torch.nn.Linear(2, 2), TrainingConfig(model_name="m", device="cpu"), Ranks(0, 2, 0))
+        model.cycle = [model]  # as the trainer's run, its hooks and its model refer to one another
+        freed_before_destroy = []
+        destroy = dist.destroy_process_group
+        monkeypatch.setattr(dist, "destroy_process_group",
+                            lambda: (freed_before_destroy.append(alive() is None), destroy()))
+        alive = weakref.ref(model)
+        del model
+        distributed.stop(Ranks(0, 2, 0))
+        assert freed_before_destroy == [True]
+        assert not dist.is_initialized()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
