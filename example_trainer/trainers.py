@@ -92,8 +92,8 @@ def train(config: TrainingConfig) -> None:
     try:
         train_ranks(config, ranks)
     except BaseException as exc:
-        # the failed frames' locals hold the model, which must be freed before the group (distributed.stop)
-        traceback.clear_frames(exc.__traceback__)
+        if ranks.distributed:  # the failed frames' locals hold the DDP model, to be freed before the group
+            traceback.clear_frames(exc.__traceback__)  # (distributed.stop); one process keeps them for debuggers
         failure = distributed.peer_failure(exc, ranks)
         if failure is None:
             raise
