@@ -57,6 +57,27 @@ def one_start(model: Path, environ: dict[str, str]) -> dict[str, float]:
     return {"seconds_to_answer": ready, "tokens_per_second": statistics.mean(rates)}
 
 
+def write_summary(runs: dict[str, list[dict[str, float]]], rounds: int, out: Path, timed: str) -> None:
+    """Medians of each side's runs, and the first side's against the second (`timed`, then
+    generation), written to `out` as JSON with the CPU named, and printed."""
+    cpu = read_cpu()
+    bf16 = "with" if cpu.flags.intersection(BF16_FLAGS) else "without"
+    summary: dict[str, Any] = {"cpu": f"{cpu.model_name}, {os.cpu_count()} cores, {bf16} bf16 instructions",
+                               "rounds": rounds, "sides": {}}
+    for side, measured in runs.items():
+        summary["sides"][side] = {key: statistics.median(run[key] for run in measured) for key in measured[0]}
+        summary["sides"][side]["runs"] = measured
+    ours, theirs = summary["sides"].values()
+    summary[f"{timed}_ratio"] = ours["seconds_to_answer"] / theirs["seconds_to_answer"]
+    summary["generation_ratio"] = ours["tokens_per_second"] / theirs["tokens_per_second"]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(summary, indent=2) + "\n")
+    for side, medians in summary["sides"].items():
+        print(f"{side}: {medians['seconds_to_answer']:.1f} s to answer, {medians['tokens_per_second']:.0f} tokens/s "
+              "(medians)")
+    print(f"{timed} {summary[f'{timed}_ratio']:.2f}x, generation {summary['generation_ratio']:.2f}x ({summary['cpu']})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3, help="Starts of each kind, taking turns.")
@@ -68,23 +89,7 @@ def main() -> None:
         for side, environ in SIDES.items():
             runs[side].append(one_start(model, environ))
             print(f"round {round_ + 1}/{args.rounds}, {side}: {runs[side][-1]}", flush=True)
-    cpu = read_cpu()
-    bf16 = "with" if cpu.flags.intersection(BF16_FLAGS) else "without"
-    summary: dict[str, Any] = {"cpu": f"{cpu.model_name}, {os.cpu_count()} cores, {bf16} bf16 instructions",
-                               "rounds": args.rounds, "sides": {}}
-    for side, measured in runs.items():
-        summary["sides"][side] = {key: statistics.median(run[key] for run in measured) for key in measured[0]}
-        summary["sides"][side]["runs"] = measured
-    fork, spawn = (summary["sides"][side] for side in SIDES)
-    summary["start_ratio"] = fork["seconds_to_answer"] / spawn["seconds_to_answer"]
-    summary["generation_ratio"] = fork["tokens_per_second"] / spawn["tokens_per_second"]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(summary, indent=2) + "\n")
-    for side in SIDES:
-        print(f"{side}: {summary['sides'][side]['seconds_to_answer']:.1f} s to answer, "
-              f"{summary['sides'][side]['tokens_per_second']:.0f} tokens/s (medians)")
-    print(f"start {summary['start_ratio']:.2f}x, generation {summary['generation_ratio']:.2f}x ({summary['cpu']})")
-
+    write_summary(runs, args.rounds, args.out, "start")
 
 if __name__ == "__main__":
     main()

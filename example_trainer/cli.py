@@ -153,6 +153,9 @@ def _vllm_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--vllm-pause-during-train", action=argparse.BooleanOptionalAction, default=None,
                        help="freeze the trainer's vLLM's requests while a step trains (default: on a CPU, where "
                             "both share the cores and run faster taking turns)")
+    group.add_argument("--vllm-fork-server", action=argparse.BooleanOptionalAction, default=True,
+                       help="on a CPU, fork each restart of the trainer's vLLM from a process that imported vLLM "
+                            "once: 4.9 s instead of 10.7 s to answer on 2 cores, for about 0.5 GB of memory")
     group.add_argument("--vllm-python", default=None,
                        help="python that has vLLM (default: this one if vLLM imports, else the atropos-vllm runtime)")
 

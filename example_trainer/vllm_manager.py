@@ -8,7 +8,8 @@ A port that some other process already listens on is `PortInUseError`: the train
 stops processes it did not start. The python is, in this order, ``--vllm-python``, the
 trainer's own interpreter when vLLM imports there (a GPU machine with vllm installed), or
 the runtime ``atropos-vllm install`` made (a CPU machine, where vLLM cannot share the
-trainer's environment).
+trainer's environment). On a CPU, a run that restarts its server forks every start from a
+process that imported the server program once (`atroposlib.local.forkserver`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import httpx
 
+from atroposlib.local.forkserver import ForkServer
 from atroposlib.local.runtime import Runtime
 from atroposlib.local.token_progress import read_counters
 from atroposlib.local.vllm_service import LocalVLLM, PortInUseError, VLLMStartError
@@ -142,6 +144,7 @@ class TrainerVLLM:
         self.python = resolve_vllm_python(config)
         self.dtype = config.resolved_vllm_dtype()
         self.server: Optional[LocalVLLM] = None
+        self.forkserver: Optional[ForkServer] = None
         self.model_path: Optional[str] = None
         # what `launch` started and when, until `start` waits for it
         self._launched: Optional[tuple[str, int, float]] = None
@@ -196,9 +199,34 @@ class TrainerVLLM:
         if self.is_running():
             raise VLLMStartError(f"the trainer's vLLM already runs on port {self.port}")
         server = self.server_for(model_path, adapter, policy_version)
+        server.forkserver = self._forkserver_for(server)
         server.launch()
         self.server, self.model_path = server, model_path
         self._launched = (model_path, policy_version, time.monotonic())
+
+    @property
+    def restarts(self) -> bool:
+        """Whether the run starts its server more than once (a restart to sync weights, or a stop
+        while each step trains)."""
+        return self.config.weight_bridge_mode in ("none", "lora_restart") or self.config.vllm_stop_during_train
+
+    def _forkserver_for(self, server: LocalVLLM) -> Optional[ForkServer]:
+        """Where a run that restarts a CPU server forks it from (each start after the first skips
+        vLLM's import: 12 -> 5 s on a 2-core EPYC, `bench/vllm_start.py`): one fork server,
+        replaced should the server's python or environment change. None on a GPU, where it is
+        not tried, for a server started once, and with ``--no-vllm-fork-server``."""
+        if server.gpu or not self.restarts or not self.config.vllm_fork_server:
+            return None
+        environment = server.environment()
+        if self.forkserver is None or not self.forkserver.serves(server.python, server.entrypoint, environment):
+            self.close_forkserver()
+            self.forkserver = ForkServer(server.python, server.entrypoint, environment, self.log_path)
+        return self.forkserver
+
+    def close_forkserver(self) -> None:
+        if self.forkserver is not None:
+            self.forkserver.close()
+            self.forkserver = None
 
     def start(self, model_path: str, *, adapter: Optional[str] = None, policy_version: int = 0,
               timeout: float = 600.0) -> float:
@@ -221,6 +249,11 @@ class TrainerVLLM:
             self.server.stop(grace)
             self.server = None
         self._launched = None
+
+    def close(self) -> None:
+        """Stop the server and the fork server it came from, at the end of the run."""
+        self.stop()
+        self.close_forkserver()
 
     def restart(self, model_path: str, *, adapter: Optional[str] = None, policy_version: int = 0,
                 timeout: float = 600.0) -> float:
@@ -270,7 +303,7 @@ class TrainerVLLM:
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
-        self.stop()
+        self.close()
 
 
 class GenerationMeter:

@@ -105,7 +105,7 @@ class WeightSync(ABC):
 
     def close(self) -> None:
         if self.vllm is not None:
-            self.vllm.stop()
+            self.vllm.close()
 
     def __enter__(self) -> "WeightSync":
         return self

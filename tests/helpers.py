@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Optional
@@ -21,7 +22,9 @@ def free_port() -> int:
 
 
 class ApiProcess:
-    """A `run-api` child process; use as a context manager so it is always stopped."""
+    """A `run-api` child process; use as a context manager so it is always stopped. Its log is
+    beside its state folder, in the test's temporary folder; without one, in a temporary file
+    removed when the block ends."""
 
     def __init__(self, state_dir: Optional[Path], *extra_args: str, port: Optional[int] = None) -> None:
         self.port = port or free_port()
@@ -29,12 +32,18 @@ class ApiProcess:
         self.args = [sys.executable, "-m", "atroposlib.cli.run_api", "--port", str(self.port), *extra_args]
         if state_dir is not None:
             self.args += ["--state-dir", str(state_dir)]
-        self.log_path = Path(os.environ.get("PYTEST_TMPDIR", "/tmp")) / f"run-api-{self.port}.log"
+        if state_dir is not None:
+            self.log_path, self.owns_log = Path(state_dir).parent / f"run-api-{self.port}.log", False
+        else:
+            handle, name = tempfile.mkstemp(prefix=f"run-api-{self.port}-", suffix=".log")
+            os.close(handle)
+            self.log_path, self.owns_log = Path(name), True
         self.process: Optional[subprocess.Popen[bytes]] = None
 
     def start(self, timeout: float = 20.0) -> "ApiProcess":
-        log = open(self.log_path, "ab")
-        self.process = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -69,3 +78,5 @@ class ApiProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+        if self.owns_log:
+            self.log_path.unlink(missing_ok=True)

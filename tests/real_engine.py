@@ -201,15 +201,16 @@ class EarlyEngines:
         """The bundled server launched early on `model_dir`, now the caller's to stop (None if none)."""
         bundled, cls.bundled = cls.bundled, None
         if bundled is not None and bundled.model_path != str(model_dir):
-            bundled.stop()
+            bundled.close()
             return None
         return bundled
 
     @classmethod
     def stop(cls) -> None:
-        for server in (cls.stock, cls.bundled):
-            if server is not None:
-                server.stop()
+        if cls.stock is not None:
+            cls.stock.stop()
+        if cls.bundled is not None:
+            cls.bundled.close()
         cls.stock = cls.bundled = None
 
 

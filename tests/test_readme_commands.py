@@ -20,9 +20,9 @@ program, which reads them from the README:
 * pip-install: tests/envs/test_fresh_install.py (a fresh virtual environment).
 * minimal-env, minimal-env-run, lease-loop: tests/test_doc_examples.py.
 
-The benchmarks of blocks bench-weight-sync, bench-vllm-start, bench-learning-demo, bench-trl-compare,
-bench-trl-compare-epyc, bench-trl-levers and bench-train-step take minutes even at one update or one
-step (they start vLLM and train; the last two are the README's learning figures, run alone on an
+The benchmarks of blocks bench-weight-sync, bench-vllm-start, bench-vllm-restart, bench-learning-demo,
+bench-trl-compare, bench-trl-compare-epyc, bench-trl-levers and bench-train-step take minutes even at
+one update or one step (they start vLLM and train; the last two are the README's learning figures, run alone on an
 idle machine), beyond CI's time budget: their test starts the script and checks that it knows
 every flag of the command.
 The real engine runs once here, for the quickstart.
@@ -272,6 +272,7 @@ def test_the_gpu_smoke_passes_on_a_cpu(tmp_path: Path) -> None:
                  id="bench-train-step-race-shape"),
     pytest.param("bench-allocator", ".venv/bin/python bench/allocator.py", id="bench-allocator"),
     pytest.param("bench-vllm-start", ".venv/bin/python bench/vllm_start.py", id="bench-vllm-start"),
+    pytest.param("bench-vllm-restart", ".venv/bin/python bench/vllm_restart.py", id="bench-vllm-restart"),
 ])
 def test_the_long_benchmark_knows_every_flag_of_its_command(name: str, start: str, tmp_path: Path) -> None:
     words = command("README.md", name, start, variables={"PWD": str(ROOT)})

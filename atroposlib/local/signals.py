@@ -11,6 +11,7 @@ the stopping of a server.
 from __future__ import annotations
 
 import signal
+import sys
 from contextlib import contextmanager
 from types import FrameType
 from typing import Iterator, Optional
@@ -41,3 +42,14 @@ def stop_signals_raise() -> Iterator[None]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def die_with_parent() -> None:
+    """In a child before exec: get SIGTERM when the thread that started it ends, which for the
+    main thread means when the process dies, even by SIGKILL (Linux only; elsewhere the
+    parent's clean-up is the safeguard)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)

@@ -44,17 +44,18 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence, Union
 
 import httpx
 
 from atroposlib.local.allocator import Allocator, find_library, with_fast_allocator
 from atroposlib.local.cpu import DTYPES, Dtype, DtypeChoice, choose_dtype, read_cpu
+from atroposlib.local.forkserver import ForkedServer, ForkServer
 from atroposlib.local.help_format import DefaultsHelpFormatter
 from atroposlib.local.paths import atropos_home, vllm_cache_dir
 from atroposlib.local.prepare_model import ModelPreparationError, prepare_model
 from atroposlib.local.runtime import Runtime, has_nvidia_gpu
-from atroposlib.local.signals import stop_signals_raise
+from atroposlib.local.signals import die_with_parent, stop_signals_raise
 
 DEFAULT_SERVED_NAME = "smollm2"
 STOCK_ENTRYPOINT = ("-m", "vllm.entrypoints.openai.api_server")
@@ -105,17 +106,6 @@ def port_in_use(port: int) -> bool:
     return False
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: get SIGTERM when the thread that started it ends, which for
-    the main thread means when the process dies, even by SIGKILL (Linux only; elsewhere
-    `stop` and the signal handlers are the safeguard)."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        pr_set_pdeathsig = 1
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
-
-
 class LocalVLLM:
     """One vLLM server process; a context manager that always stops it.
 
@@ -125,14 +115,16 @@ class LocalVLLM:
     program (``-m module`` or a script path), `environ` adds to the server's environment
     and `enforce_eager=False` lets vLLM compile graphs (slower starts, faster on a GPU). On a
     CPU the server gets `allocator` preloaded where one is installed, as vLLM advises
-    (`atroposlib.local.allocator`; ``system``: glibc's).
+    (`atroposlib.local.allocator`; ``system``: glibc's). A launch that `forkserver` serves is
+    forked from it (`atroposlib.local.forkserver`), skipping the import of vLLM.
     """
 
     def __init__(self, model_dir: Path, port: Optional[int] = None, served_name: str = DEFAULT_SERVED_NAME,
                  max_model_len: int = 2048, runtime: Optional[Runtime] = None, extra_args: tuple[str, ...] = (),
                  log_path: Optional[Path] = None, dtype: Dtype = "auto", *, python: Optional[Path] = None,
                  entrypoint: Sequence[str] = STOCK_ENTRYPOINT, environ: Optional[Mapping[str, str]] = None,
-                 enforce_eager: bool = True, allocator: Allocator = "auto") -> None:
+                 enforce_eager: bool = True, allocator: Allocator = "auto",
+                 forkserver: Optional[ForkServer] = None) -> None:
         self.model_dir = Path(model_dir)
         self.port = port or free_port()
         self.served_name = served_name
@@ -145,7 +137,8 @@ class LocalVLLM:
         self.environ = dict(environ or {})
         self.enforce_eager = enforce_eager
         self.allocator = allocator
-        self.process: Optional[subprocess.Popen[bytes]] = None
+        self.forkserver = forkserver
+        self.process: Optional[Union[subprocess.Popen[bytes], ForkedServer]] = None
         # the folder of the running server's IPC sockets, when this launch made it
         self.ipc_folder: Optional[Path] = None
         self._stopped = False
@@ -222,10 +215,14 @@ class LocalVLLM:
             if self.ipc_folder is not None:
                 environment["VLLM_RPC_BASE_PATH"] = str(self.ipc_folder)
         try:
+            if self.forkserver is not None and self.forkserver.serves(self.python, self.entrypoint, environment):
+                arguments = self.command()[1 + len(self.entrypoint):]
+                self.process = self.forkserver.launch(arguments, environment, self.log_path)
+                return
             with open(self.log_path, "ab") as log:
                 self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
                                                 env=environment, start_new_session=True,
-                                                preexec_fn=_die_with_parent if in_main_thread else None)
+                                                preexec_fn=die_with_parent if in_main_thread else None)
         except BaseException:
             self._remove_ipc_folder()
             raise
@@ -266,18 +263,26 @@ class LocalVLLM:
         if self.process is None or self._stopped:
             return
         if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
+            self._signal_group(signal.SIGTERM)
             try:
                 self.process.wait(grace)
             except subprocess.TimeoutExpired:
                 pass
-        try:  # whatever of the group outlived its leader (vLLM's engine process) goes too
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        # whatever of the group outlived its leader (vLLM's engine process) goes too
+        self._signal_group(signal.SIGKILL)
         self.process.wait()
         self._remove_ipc_folder()
         self._stopped = True
+
+    def _signal_group(self, signum: int) -> None:
+        assert self.process is not None
+        if isinstance(self.process, ForkedServer):
+            self.process.signal_group(signum)
+            return
+        try:
+            os.killpg(self.process.pid, signum)
+        except ProcessLookupError:
+            pass
 
     def _remove_ipc_folder(self) -> None:
         if self.ipc_folder is not None:

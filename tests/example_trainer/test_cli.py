@@ -172,6 +172,7 @@ EVERY_FLAG = [
     (["--replace-run"], "replace_run", True),
     (["--no-vllm-pause-during-train"], "vllm_pause_during_train", False),
     (["--vllm-dtype", "float32"], "vllm_dtype", "float32"),
+    (["--no-vllm-fork-server"], "vllm_fork_server", False),
     (["--gradient-checkpointing"], "gradient_checkpointing", True),
     (["--data-parallel", "fsdp"], "data_parallel", "fsdp"),
     (["--world-size", "2"], "world_size", 2),

@@ -27,7 +27,7 @@ ADDED_DEFAULTS = {
     "slurm_inference_servers": False, "loss_type": "grpo", "epsilon_high": None, "dual_clip": None,
     "tis_cap": None, "scale_rewards": "group", "kl_reference": "sampler", "loss_norm_length": None,
     "match_sampler_truncation": True, "max_staleness": None, "pad_to_multiple": None, "share_prompt_prefix": None, "replace_run": False, "vllm_pause_during_train": None, "vllm_dtype": None,
-    "gradient_checkpointing": None, "data_parallel": "ddp", "cpu_allocator": "auto",
+    "gradient_checkpointing": None, "data_parallel": "ddp", "cpu_allocator": "auto", "vllm_fork_server": True,
 }
 
 

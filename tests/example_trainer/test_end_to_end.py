@@ -1,8 +1,9 @@
 """The whole RL loop on a CPU, as a user runs it: `run-api`, an environment in ``serve`` mode
 sampling from the trainer's vLLM (``server_type: vllm``), and `atropos-grpo` restarting vLLM
-on a new checkpoint after every step. The environment is the README's small sums, which the
-model gets right about half the time, so groups have unequal scores and every step changes
-the weights; each group says which weights sampled it, and the trainer logs its staleness."""
+on a new checkpoint after every step (each server forked from the fork server). The
+environment is the README's small sums, which the model gets right about half the time, so
+groups have unequal scores and every step changes the weights; each group says which weights
+sampled it, and the trainer logs its staleness."""
 
 from __future__ import annotations
 
@@ -177,6 +178,9 @@ def test_two_steps_of_grpo_restart_vllm_on_the_new_checkpoint(api: ApiProcess, r
     assert log.count("vLLM now serves") == 1  # after step 1; the last step ends the run
     assert re.search(r"step 2 \|.*\| staleness [0-9.]+ \(max [01]\)", log), log[-3000:]  # versions 0 or 1 at step 1
     assert not processes_mentioning("vllm_api_server", str(vllm_port))
+    vllm_log = (tmp_path / "logs" / "vllm.log").read_text(errors="replace")
+    # both servers forked from one fork server: the restart skipped vLLM's import
+    assert vllm_log.count("atropos fork server: imported") == 1 and vllm_log.count("forked server pid") == 2
     if find_library():  # the command line restarted the trainer with it, and its vLLM inherited it
         assert "memory allocator: tcmalloc" in log, log[:2000]
         assert "libtcmalloc is not found" not in (tmp_path / "logs" / "vllm.log").read_text(errors="replace")

@@ -315,12 +315,14 @@ def test_shared_vllm_without_a_gpu_exits_2_with_one_line(tiny_model: Path, capsy
     assert capsys.readouterr().err.strip().count("\n") == 0
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize(("signum", "mode"), [(signal.SIGTERM, "reload"), (signal.SIGINT, "reload"),
+                                             (signal.SIGTERM, "none")])
 def test_a_stop_signal_ends_the_trainer_and_its_vllm(api: ApiProcess, tiny_model: Path, tmp_path: Path,
-                                                     signum: int) -> None:
+                                                     signum: int, mode: str) -> None:
     pids = tmp_path / "pids"
     command = [sys.executable, "-u", "-m", "example_trainer.grpo",
                *readme_arguments("console-tools", "atropos-grpo", MODEL=str(tiny_model)),  # reload mode
+               "--weight-bridge-mode", mode,  # none: restarts, each server forked from a fork server
                "--device", "cpu", "--optimizer", "adamw", "--atropos-url", api.url, "--vllm-port", str(free_port()),
                "--vllm-python", str(stand_in_runtime(tmp_path).python), "--save-path", str(tmp_path / "checkpoints"),
                "--log-dir", str(tmp_path / "logs")]
@@ -332,9 +334,22 @@ def test_a_stop_signal_ends_the_trainer_and_its_vllm(api: ApiProcess, tiny_model
             if line.startswith("vLLM ready"):
                 break
         vllm_pids = recorded_pids(pids, 2)  # the server and its 'engine' child
+        started = _children(trainer.pid)  # the server, or in mode none the fork server
+        assert started
         trainer.send_signal(signum)
         assert trainer.wait(60) == 128 + signum
-    all_gone(vllm_pids)
+    all_gone(vllm_pids + started)
+
+
+def _children(pid: int) -> list[int]:
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                children.append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return children
 
 
 def test_wandb_gets_atropos_metric_names_offline_without_a_key(api: ApiProcess, tiny_model: Path, tmp_path: Path,

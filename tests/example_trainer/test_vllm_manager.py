@@ -19,6 +19,7 @@ from typing import Any, Iterator
 
 import pytest
 
+from atroposlib.local.forkserver import ForkedServer
 from example_trainer import vllm_manager
 from example_trainer.config import TrainingConfig
 from example_trainer.vllm_manager import (
@@ -131,6 +132,44 @@ def test_a_start_on_other_weights_than_launched_replaces_the_server(
     all_gone(launched)
     assert manager.is_running() and len(recorded_pids(pids, 4)) == 4
     assert manager.model_path == str(tmp_path / "step_2")
+
+
+def test_a_run_that_restarts_its_server_forks_every_start_from_one_fork_server(
+        stand_in: tuple[TrainerVLLM, Path], tmp_path: Path) -> None:
+    manager, pids = stand_in  # --weight-bridge-mode none: a restart on each checkpoint
+    model = str(model_folder(tmp_path / "model"))
+    manager.start(model, timeout=60)
+    first = manager.server.process if manager.server else None
+    manager.restart(model, timeout=60)
+    second = manager.server.process if manager.server else None
+    assert isinstance(first, ForkedServer) and isinstance(second, ForkedServer)
+    forks = manager.forkserver
+    assert forks is not None and forks.process is not None and first.pid != second.pid
+    assert _parent(second.pid) == forks.process.pid
+    manager.close()
+    assert forks.process.poll() is not None and manager.forkserver is None
+    all_gone(recorded_pids(pids, 4))
+
+
+@pytest.mark.parametrize(("fields", "forks"), [
+    ({"weight_bridge_mode": "none"}, True), ({"weight_bridge_mode": "lora_restart"}, True),
+    ({"weight_bridge_mode": "reload", "vllm_stop_during_train": True}, True),
+    ({"weight_bridge_mode": "reload"}, False), ({"weight_bridge_mode": "lora_only"}, False),
+    ({"weight_bridge_mode": "none", "vllm_fork_server": False}, False)])
+def test_only_a_run_that_starts_its_server_more_than_once_has_a_fork_server(
+        tmp_path: Path, fields: dict[str, Any], forks: bool) -> None:
+    manager = TrainerVLLM(_config(vllm_python=str(stand_in_runtime(tmp_path).python), **fields), tmp_path / "vllm.log")
+    server = manager.server_for("/models/base")
+    if server.gpu:
+        pytest.skip("not tried on a GPU")
+    chosen = manager._forkserver_for(server)
+    assert (chosen is not None) == forks
+    assert manager._forkserver_for(manager.server_for("/models/step_1", policy_version=1)) is chosen
+    manager.close()
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
 def _live_members(group: int) -> list[int]:

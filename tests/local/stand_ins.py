@@ -7,6 +7,8 @@ every read) on the ``--port`` it is given, starts a child process of its own (as
 its engine), binds a Unix socket in ``$VLLM_RPC_BASE_PATH`` (where set) as vLLM's processes do,
 and appends both process ids to ``$STAND_IN_PIDS``; with
 ``$STAND_IN_UNHEALTHY`` set, ``/health`` answers 503 for ever (a start that never ends).
+Asked to run vLLM's fork server (`atroposlib.local.forkserver`), that python runs the real
+one, on this file as the server program.
 `stand_in_environment` writes an environment file that records its pid, writes the groups
 asked for and prints process mode's report, or sleeps when ``$STAND_IN_ENV_SLEEPS`` is set.
 """
@@ -25,6 +27,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Callable, Iterator
 
+from atroposlib.local.forkserver import SCRIPT as FORKSERVER_SCRIPT
 from atroposlib.local.runtime import MARKER, Runtime, packages_for
 
 ENVIRONMENT = '''
@@ -150,5 +153,12 @@ def _serve_as_vllm(argv: list[str]) -> None:
     ThreadingHTTPServer(("127.0.0.1", port), _Handler).serve_forever()
 
 
+def _fork_server_of_stand_ins(argv: list[str]) -> None:
+    socket_fd = argv[argv.index("--socket") + 1]
+    os.execv(sys.executable, [sys.executable, argv[0], "--socket", socket_fd, "--script", __file__])
+
+
 if __name__ == "__main__":
+    if len(sys.argv) > 1 and Path(sys.argv[1]).name == FORKSERVER_SCRIPT.name:
+        _fork_server_of_stand_ins(sys.argv[1:])
     _serve_as_vllm(sys.argv[1:])
