@@ -58,13 +58,20 @@ class ForkedServer:
     """One server a `ForkServer` started: its pid is known once the fork server has imported
     the program and forked it; `returncode` once it has exited."""
 
-    def __init__(self, owner: "ForkServer", argv: Sequence[str]) -> None:
+    def __init__(self, owner: "ForkServer", argv: Sequence[str], log_path: Path) -> None:
         self.owner = owner
         self.args = list(argv)
+        self.server_log = Path(log_path)
         self.pid: Optional[int] = None
         self.returncode: Optional[int] = None
         self._ended = threading.Event()
         self._orphaned = False
+
+    @property
+    def log_path(self) -> Path:
+        """Where its output is: the fork server's log until it was forked (a failed import is
+        there), then its own."""
+        return self.owner.log_path if self.pid is None else self.server_log
 
     def _end(self, code: int) -> None:
         self.returncode = code
@@ -157,7 +164,7 @@ class ForkServer:
         if self.process is None:
             self._start()
         assert self._channel is not None
-        server = ForkedServer(self, argv)
+        server = ForkedServer(self, argv, log_path)
         request = {"argv": list(argv), "env": dict(environment), "cwd": os.getcwd(), "log": str(log_path)}
         with self._lock:
             self._pending.append(server)

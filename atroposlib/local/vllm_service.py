@@ -253,9 +253,11 @@ class LocalVLLM:
         raise VLLMStartError(f"vLLM did not answer within {timeout:.0f} s; last log lines:\n{self.log_tail()}")
 
     def log_tail(self, lines: int = 25) -> str:
-        if not self.log_path.exists():
+        """The server's last log lines (a forked server that never was: its fork server's)."""
+        path = self.process.log_path if isinstance(self.process, ForkedServer) else self.log_path
+        if not path.exists():
             return ""
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
     def stop(self, grace: float = 20.0) -> None:
         """SIGTERM the server's process group, then SIGKILL what is left of it after `grace`

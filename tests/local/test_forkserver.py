@@ -1,7 +1,7 @@
 """vLLM's fork server with a stand-in server program: one import for every server, each with its
-own arguments, environment, folder and log; exit codes and stops that reach the launcher; a
-launch in another environment started the usual way; and no process left behind when the fork
-server, or the process that started it, ends."""
+own arguments, environment, folder and log; exit codes, a failed import and stops that reach the
+launcher; a launch in another environment started the usual way; and no process left behind
+when the fork server, or the process that started it, ends."""
 
 from __future__ import annotations
 
@@ -132,6 +132,15 @@ def test_a_servers_exit_code_reaches_the_launcher(tmp_path: Path, program: Path,
     server = _server(tmp_path, program, forkserver(), "--exit-with", "3")
     with pytest.raises(VLLMStartError, match="exited with code 3"):
         server.start(timeout=60)
+
+
+def test_a_program_that_fails_to_import_fails_the_start_with_its_traceback(tmp_path: Path, program: Path,
+                                                                            forkserver: MakeForkServer) -> None:
+    (program.parent / "heavy_part.py").write_text("raise ImportError('no such engine here')\n")
+    forks = forkserver()
+    with pytest.raises(VLLMStartError, match="(?s)exited with code 1.*no such engine here"):
+        _server(tmp_path, program, forks).start(timeout=60)
+    assert forks.process is not None and forks.process.poll() == 1
 
 
 def test_a_stop_before_the_fork_ends_the_fork_server(tmp_path: Path, program: Path, forkserver: MakeForkServer,
