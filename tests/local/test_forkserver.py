@@ -30,7 +30,7 @@ with open(os.environ["IMPORTS"], "a") as imports:
     imports.write(f"{os.getpid()}\\n")
 """
 PROGRAM = """
-import json, os, sys
+import json, os, signal, sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import heavy_part
@@ -51,7 +51,8 @@ if __name__ == "__main__":
         return sys.argv[sys.argv.index(name) + 1] if name in sys.argv else None
 
     print(json.dumps({"pid": os.getpid(), "ppid": os.getppid(), "port": flag("--port"), "cwd": os.getcwd(),
-                      "marker": os.environ.get("MARKER"), "ipc": os.environ.get("VLLM_RPC_BASE_PATH")}), flush=True)
+                      "marker": os.environ.get("MARKER"), "ipc": os.environ.get("VLLM_RPC_BASE_PATH"),
+                      "ctrl_c_raises": signal.getsignal(signal.SIGINT) is signal.default_int_handler}), flush=True)
     if flag("--exit-with"):
         sys.exit(int(flag("--exit-with")))
     ThreadingHTTPServer(("127.0.0.1", int(flag("--port"))), Health).serve_forever()
@@ -111,6 +112,7 @@ def test_each_server_is_forked_from_one_import_with_its_own_arguments_environmen
             said.append(_said(server))
             assert said[-1]["port"] == str(server.port) and said[-1]["pid"] == server.process.pid
             assert server.ipc_folder is not None and said[-1]["ipc"] == str(server.ipc_folder)
+            assert said[-1]["ctrl_c_raises"]  # as in a new python, not the fork server's handlers
         assert server.process.returncode == -signal.SIGTERM and not running(said[-1]["pid"])
     assert forks.process is not None
     assert (tmp_path / "imports").read_text().split() == [str(forks.process.pid)]

@@ -94,8 +94,11 @@ def _become_server(entry: list[str], request: dict[str, Any], parent: int, keep_
         if os.getppid() != parent:  # the fork server died before the line above took effect
             os._exit(1)
         signal.set_wakeup_fd(-1)
-        for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
             signal.signal(signum, signal.SIG_DFL)
+        # as a new python has it: Ctrl-C raises KeyboardInterrupt (unless the launcher ignored it)
+        if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         for fd in keep_out:
             os.close(fd)
         log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
