@@ -54,8 +54,8 @@ def main() -> None:
         print(f"vLLM started in {first_start:.1f} s ({config.resolved_dtype().dtype})")
         for update in range(args.updates):
             checkpoint = perturbed_copy(model_dir, Path(tmp) / f"step_{update + 1}", 0.5 + 0.1 * update)
-            reload_seconds.append(vllm.reload_weights(str(checkpoint)))
-            restart_seconds.append(vllm.restart(str(checkpoint)))
+            reload_seconds.append(vllm.reload_weights(str(checkpoint), policy_version=update + 1))
+            restart_seconds.append(vllm.restart(str(checkpoint), policy_version=update + 1))
             print(f"update {update + 1}: reload {reload_seconds[-1]:.2f} s, restart {restart_seconds[-1]:.1f} s",
                   flush=True)
     reload_median, restart_median = statistics.median(reload_seconds), statistics.median(restart_seconds)
