@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -14,8 +15,36 @@ from typing import Optional
 
 import httpx
 
+_CHOOSER = random.SystemRandom()  # not `random`, which a plugin may seed alike in every worker
+_HANDED_OUT: set[int] = set()
+_LOWEST = 20000
+
+
+def _ephemeral_start() -> int:
+    """The first port of the range the kernel picks from for ``bind(0)`` and outgoing connections."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
 
 def free_port() -> int:
+    """A loopback port nothing listens on, for a server a test starts: drawn at random below the
+    kernel's ephemeral range, never twice in one process. A port from ``bind(0)`` can be handed
+    out again (to another worker's ``bind(0)``, or to a connection) before the server meant to use
+    it starts: a two-rank trainer in a Slurm job binds its rendezvous a minute later on a loaded
+    machine, and torch's TCPStore then shared the port with another test's rendezvous."""
+    for _ in range(200):
+        port = _CHOOSER.randrange(_LOWEST, _ephemeral_start())
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
