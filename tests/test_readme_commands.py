@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import re
 import shlex
 import signal
@@ -182,8 +183,9 @@ def test_the_data_tools_read_the_groups_file(program: str, wrote: str, groups_wo
 # -- the quickstart ---------------------------------------------------------------------------
 
 def _quickstart_runtime() -> Path:
-    """The vLLM runtime the quickstart uses: ``.cache/atropos`` of the clone (skip without one)."""
-    home = ROOT / ".cache" / "atropos"
+    """The vLLM runtime the quickstart uses: ``$ATROPOS_HOME``, else ``.cache/atropos`` of the clone,
+    as scripts/test.sh and scripts/quickstart.sh choose it (skip without one)."""
+    home = Path(os.environ.get("ATROPOS_HOME") or ROOT / ".cache" / "atropos")
     if not Runtime(home / "vllm-runtime").is_installed():
         pytest.skip(f"no vLLM runtime in {home}: `bash scripts/test.sh` installs it (here it would take minutes)")
     return home
