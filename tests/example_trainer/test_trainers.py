@@ -24,7 +24,7 @@ from example_trainer.weight_sync import WeightSync
 from tests.conftest import group
 from tests.doc_commands import readme_arguments
 from tests.helpers import ApiProcess, free_port
-from tests.local.stand_ins import all_gone, killed_at_exit, recorded_pids, stand_in_runtime
+from tests.local.stand_ins import all_gone, killed_at_exit, parent_of, recorded_pids, stand_in_runtime
 
 torch = pytest.importorskip("torch")
 
@@ -345,7 +345,7 @@ def _children(pid: int) -> list[int]:
     children = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+            if parent_of(int(stat.parent.name)) == pid:
                 children.append(int(stat.parent.name))
         except (OSError, IndexError, ValueError):
             continue

@@ -31,7 +31,15 @@ from example_trainer.vllm_manager import (
     resolve_vllm_python,
 )
 from tests.helpers import free_port
-from tests.local.stand_ins import all_gone, killed_at_exit, model_folder, recorded_pids, running, stand_in_runtime
+from tests.local.stand_ins import (
+    all_gone,
+    killed_at_exit,
+    model_folder,
+    parent_of,
+    recorded_pids,
+    running,
+    stand_in_runtime,
+)
 
 
 def _config(**fields: Any) -> TrainingConfig:
@@ -145,7 +153,7 @@ def test_a_run_that_restarts_its_server_forks_every_start_from_one_fork_server(
     assert isinstance(first, ForkedServer) and isinstance(second, ForkedServer)
     forks = manager.forkserver
     assert forks is not None and forks.process is not None and first.pid != second.pid
-    assert _parent(second.pid) == forks.process.pid
+    assert parent_of(second.pid) == forks.process.pid
     manager.close()
     assert forks.process.poll() is not None and manager.forkserver is None
     all_gone(recorded_pids(pids, 4))
@@ -166,10 +174,6 @@ def test_only_a_run_that_starts_its_server_more_than_once_has_a_fork_server(
     assert (chosen is not None) == forks
     assert manager._forkserver_for(manager.server_for("/models/step_1", policy_version=1)) is chosen
     manager.close()
-
-
-def _parent(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
 def _live_members(group: int) -> list[int]:

@@ -80,6 +80,11 @@ def running(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
+def parent_of(pid: int) -> int:
+    """The parent process id of `pid`, from ``/proc/PID/stat``."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
 def wait_until(predicate: Callable[[], bool], timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
