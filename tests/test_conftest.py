@@ -1,17 +1,23 @@
-"""The suite's isolation: an API a test starts never restores what an earlier test left behind,
-and a process a test starts stops on SIGINT even when the suite was started in the background."""
+"""The suite's isolation and order: an API a test starts never restores what an earlier test left behind,
+a process a test starts stops on SIGINT even when the suite was started in the background, and
+the longest tests are handed out first."""
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
+from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
+import pytest
 
-from tests.conftest import group, registration, undo_ignored_sigint
+from tests.conftest import LONGEST_FIRST, group, longest_first, registration, undo_ignored_sigint
 from tests.helpers import ApiProcess, free_port
 
+ROOT = Path(__file__).resolve().parent.parent
 # Both tests use one port, as two tests of a long suite sometimes do by chance; they run in file order.
 SHARED_PORT = free_port()
 
@@ -42,3 +48,24 @@ def test_processes_started_by_a_suite_that_inherited_sigint_ignored_stop_on_sigi
         assert subprocess.run(report, capture_output=True, text=True).stdout.strip() == "True"
     finally:
         signal.signal(signal.SIGINT, before)
+
+
+def test_the_longest_tests_come_first_and_the_rest_keep_their_order() -> None:
+    items = [SimpleNamespace(nodeid=name) for name in (
+        "tests/a/test_one.py::test_x", "tests/test_readme_commands.py::test_the_benchmark_runs_scaled_down[bench-api]",
+        "tests/example_trainer/test_trainers.py::test_y", "tests/b/test_two.py::test_z",
+        "tests/test_readme_commands.py::test_the_gpu_smoke_passes_on_a_cpu",
+        "tests/test_readme_commands.py::test_the_gpu_smoke_passes_on_a_cpu_too")]
+    assert [item.nodeid for item in longest_first(items)] == [  # type: ignore[arg-type]
+        "tests/test_readme_commands.py::test_the_gpu_smoke_passes_on_a_cpu",
+        "tests/test_readme_commands.py::test_the_benchmark_runs_scaled_down[bench-api]",
+        "tests/example_trainer/test_trainers.py::test_y",
+        "tests/a/test_one.py::test_x", "tests/b/test_two.py::test_z",
+        "tests/test_readme_commands.py::test_the_gpu_smoke_passes_on_a_cpu_too"]
+
+
+@pytest.mark.parametrize("name", LONGEST_FIRST)
+def test_each_longest_test_named_first_exists(name: str) -> None:
+    path, _, test = name.partition("::")
+    assert (ROOT / path).is_file(), f"{path} is gone: take it out of LONGEST_FIRST"
+    assert not test or re.search(rf"^def {re.escape(test)}\(", (ROOT / path).read_text(), re.MULTILINE), name
