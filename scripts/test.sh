@@ -9,8 +9,8 @@
 #
 # The suite then runs in two parts (with no arguments; arguments go to one plain pytest run):
 # the tests that mostly wait on servers, subprocesses and HTTP in parallel workers
-# (pytest-xdist, $ATROPOS_TEST_WORKERS, default 4; the longest first, one at a time to whichever
-# worker is free: tests/conftest.py's LONGEST_FIRST), then the CPU-heavy ones, marked `serial`
+# (pytest-xdist, $ATROPOS_TEST_WORKERS, default 4; a file at a time to whichever worker is free,
+# the longest files first: tests/conftest.py's LONGEST_FIRST), then the CPU-heavy ones, marked `serial`
 # (the real vLLM engine, training, benchmarks), one at a time, so that none of them competes
 # for the cores; the two engines they share are launched before pytest collects them
 # (--launch-engine-early, tests/real_engine.py): their starts, mostly one core importing vLLM
@@ -154,7 +154,7 @@ if [ "$#" -gt 0 ]; then
 fi
 step 5 "the tests that mostly wait, in ${ATROPOS_TEST_WORKERS:-4} workers${ATROPOS_TESTS_NO_SKIP:+ (skips fail: ATROPOS_TESTS_NO_SKIP=1)}"
 parallel_status=0
-"${pytest[@]}" -m "not serial" -n "${ATROPOS_TEST_WORKERS:-4}" --maxschedchunk 1 --durations=20 || parallel_status=$?
+"${pytest[@]}" -m "not serial" -n "${ATROPOS_TEST_WORKERS:-4}" --dist loadfile --no-loadscope-reorder --durations=20 || parallel_status=$?
 step 6 "the CPU-heavy tests (marked serial), one at a time"
 serial_status=0
 "${pytest[@]}" -m serial --launch-engine-early --durations=20 || serial_status=$?

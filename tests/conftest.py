@@ -64,34 +64,30 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     gc.freeze()
 
 
-# The parallel part's longest tests and modules (20-45 s a test on 2 cores), longest first. Handed
-# out in file order, the GPU smoke and the scaled-down benchmarks (tests/test_readme_commands.py)
-# came last and ran alone for their last half minute while the other workers had finished.
+# The parallel part's longest test files (40-170 s of a worker's time each on 2 cores), longest
+# first. Handed out in file order, tests/test_readme_commands.py (the GPU smoke, the scaled-down
+# benchmarks) came last, and its longest test ran alone for its last half minute.
 LONGEST_FIRST = (
-    "tests/test_readme_commands.py::test_the_gpu_smoke_passes_on_a_cpu",
-    "tests/test_readme_commands.py::test_the_benchmark_runs_scaled_down",
-    "tests/cli/test_view_run.py::test_live_api_consumes_when_free_refuses_a_trainer_and_attaches_without_taking",
-    "tests/example_trainer/test_distributed.py",
-    "tests/api/test_schemathesis.py",
-    "tests/envs/test_fresh_install.py",
-    "tests/environments/test_reasoning_gym_environment.py::test_evaluate_generates_problems_when_the_hub_is_out_of_reach",
-    "tests/slurm/test_job.py",
     "tests/example_trainer/test_trainers.py",
+    "tests/envs/test_modes.py",
+    "tests/test_readme_commands.py",
+    "tests/example_trainer/test_distributed.py",
+    "tests/cli/test_dataset_tools.py",
+    "tests/api/test_schemathesis.py",
+    "tests/cli/test_view_run.py",
+    "tests/envs/test_fresh_install.py",
+    "tests/slurm/test_job.py",
+    "tests/envs/test_serve_signals.py",
+    "tests/cli/test_run_api.py",
 )
 
 
 def longest_first(items: list[pytest.Item]) -> list[pytest.Item]:
-    """`items` with those `LONGEST_FIRST` names (a file, or a test with all its parameters) first,
-    in its order, then the rest; each group keeps its order. pytest-xdist hands tests out in
-    this order, so the long ones start early and the short ones even out the workers' ends."""
-
-    def rank(item: pytest.Item) -> int:
-        for index, name in enumerate(LONGEST_FIRST):
-            if item.nodeid == name or item.nodeid.startswith((name + "::", name + "[")):
-                return index
-        return len(LONGEST_FIRST)
-
-    return sorted(items, key=rank)
+    """`items` with the tests of the `LONGEST_FIRST` files first, file by file in its order, then the
+    rest in theirs. scripts/test.sh's workers take whole files (``--dist loadfile``) in this order,
+    so the long ones start early and the short ones even out the workers' ends."""
+    rank = {path: index for index, path in enumerate(LONGEST_FIRST)}
+    return sorted(items, key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(LONGEST_FIRST)))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -29,10 +29,8 @@ from atroposlib.local.signals import die_with_parent
 SCRIPT = Path(__file__).resolve().with_name("vllm_plugins") / "atropos_forkserver.py"
 # read by vLLM when the server starts, not when it is imported
 PER_LAUNCH_VARIABLES = frozenset({"VLLM_RPC_BASE_PATH"})
-
-
-class ForkServerError(RuntimeError):
-    """The fork server could not be asked to start a server."""
+# seconds a fork server that closed its end of the requests gets to exit before it is killed
+EXIT_GRACE = 10.0
 
 
 def _shared(environment: Mapping[str, str]) -> dict[str, str]:
@@ -160,20 +158,31 @@ class ForkServer:
 
     def launch(self, argv: Sequence[str], environment: Mapping[str, str], log_path: Path) -> ForkedServer:
         """Ask for a server run with `argv` and `environment`, its output appended to `log_path`,
-        and return at once (the first launch waits nowhere for the import either)."""
+        and return at once (the first launch waits nowhere for the import either). Asked of a fork
+        server that has ended (a failed import), the server has ended too, with its exit code."""
         if self.process is None:
             self._start()
         assert self._channel is not None
         server = ForkedServer(self, argv, log_path)
         request = {"argv": list(argv), "env": dict(environment), "cwd": os.getcwd(), "log": str(log_path)}
         with self._lock:
-            self._pending.append(server)
             try:
                 self._channel.sendall(json.dumps(request).encode() + b"\n")
-            except OSError as exc:
-                self._pending.remove(server)
-                raise ForkServerError(f"the vLLM fork server is gone ({exc}); see {self.log_path}") from exc
+            except OSError:
+                server._end(self._exit_code())
+            else:
+                self._pending.append(server)
         return server
+
+    def _exit_code(self) -> int:
+        """The exit code of a fork server that stopped reading (its import failed, or it was killed),
+        which the servers asked of it share (1 when it has none)."""
+        assert self.process is not None
+        try:
+            return self.process.wait(EXIT_GRACE) or 1
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return self.process.wait() or 1
 
     def _read_answers(self) -> None:
         assert self._channel is not None

@@ -5,18 +5,26 @@ managers' exits; SIGTERM and SIGHUP kill it without either, which once left a vL
 running with its port and memory after its wrapper was gone. Inside `stop_signals_raise`
 all three raise `StopSignal` (a `KeyboardInterrupt`) in the main thread instead, once:
 further signals are ignored while the clean-up runs, so a second Ctrl-C cannot cut short
-the stopping of a server.
+the stopping of a server. An exception raised inside a finalizer (``weakref.finalize``, which
+urllib3 uses for its connection pools, or a ``__del__``) is printed and dropped by the
+interpreter, which would leave the program running with every stop signal ignored: a signal
+that lands there is sent again once the finalizer has returned.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
+import threading
+import weakref
 from contextlib import contextmanager
 from types import FrameType
 from typing import Iterator, Optional
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# seconds after which a stop signal that landed in a finalizer is sent again
+REDELIVERY_S = 0.05
 
 
 class StopSignal(KeyboardInterrupt):
@@ -31,7 +39,10 @@ class StopSignal(KeyboardInterrupt):
 def stop_signals_raise() -> Iterator[None]:
     """Within the block, SIGINT, SIGTERM and SIGHUP raise `StopSignal`; the previous
     handlers come back afterwards. Call from the main thread."""
-    def raise_stop(signum: int, _frame: Optional[FrameType]) -> None:
+    def raise_stop(signum: int, frame: Optional[FrameType]) -> None:
+        if in_finalizer(frame):
+            threading.Timer(REDELIVERY_S, os.kill, (os.getpid(), signum)).start()
+            return
         for stop_signal in STOP_SIGNALS:
             signal.signal(stop_signal, signal.SIG_IGN)
         raise StopSignal(signum)
@@ -42,6 +53,16 @@ def stop_signals_raise() -> Iterator[None]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def in_finalizer(frame: Optional[FrameType]) -> bool:
+    """Whether `frame` runs inside a ``weakref.finalize`` callback or a ``__del__``, where the
+    interpreter prints and drops whatever exception is raised."""
+    while frame is not None:
+        if frame.f_code is weakref.finalize.__call__.__code__ or frame.f_code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False
 
 
 def die_with_parent() -> None:

@@ -18,10 +18,12 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import defaultdict
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from transformers import AutoTokenizer
@@ -246,26 +248,36 @@ def test_flask_executor_protocol() -> None:
 
 # -- the sandbox's limits --------------------------------------------------------------------------
 
-def sandbox_processes() -> list[int]:
-    """Processes still running a sandbox (their command line names its throwaway directory)."""
+def sandbox_processes(directories: list[str]) -> list[int]:
+    """Processes still running in one of these sandbox `directories` (their command line names it):
+    not those of another test's sandbox, which may be running beside this one."""
     found = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                if b"atropos-sandbox-" in Path(f"/proc/{entry}/cmdline").read_bytes():
-                    found.append(int(entry))
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
             except OSError:
-                pass
+                continue
+            if any(directory.encode() in cmdline for directory in directories):
+                found.append(int(entry))
     return found
 
 
 def run(program: str, stdin: str = "", guards: bool = True, **limits):
     box = LocalSandbox(SandboxLimits(**{"timeout": 20, "cpu_seconds": 5, **limits}), python_guards=guards)
-    result = asyncio.run(box.run(program, stdin))
+    made, mkdtemp = [], tempfile.mkdtemp
+
+    def throwaway_directory(**arguments: str) -> str:
+        made.append(mkdtemp(**arguments))
+        return made[-1]
+
+    with mock.patch.object(code_sandbox.tempfile, "mkdtemp", throwaway_directory):
+        result = asyncio.run(box.run(program, stdin))
+    assert made and all("atropos-sandbox-" in directory for directory in made), made
     deadline = time.monotonic() + 5
-    while sandbox_processes() and time.monotonic() < deadline:
+    while sandbox_processes(made) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert sandbox_processes() == [], "the run left processes behind"
+    assert sandbox_processes(made) == [], "the run left processes behind"
     return box, result
 
 

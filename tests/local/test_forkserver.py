@@ -145,6 +145,17 @@ def test_a_program_that_fails_to_import_fails_the_start_with_its_traceback(tmp_p
     assert forks.process is not None and forks.process.poll() == 1
 
 
+def test_a_launch_after_the_fork_server_ended_ends_at_once_with_its_code_and_log(tmp_path: Path, program: Path,
+                                                                                 forkserver: MakeForkServer) -> None:
+    (program.parent / "heavy_part.py").write_text("raise ImportError('no such engine here')\n")
+    forks = forkserver()
+    first = forks.launch(["--port", str(free_port())], forks.environment, tmp_path / "first.log")
+    assert first.wait(60) == 1
+    # nothing reads this request: the fork server is gone, as when its import fails before a launch is sent
+    second = forks.launch(["--port", str(free_port())], forks.environment, tmp_path / "second.log")
+    assert second.poll() == 1 and "no such engine here" in second.log_path.read_text()
+
+
 def test_a_stop_before_the_fork_ends_the_fork_server(tmp_path: Path, program: Path, forkserver: MakeForkServer,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HEAVY_SECONDS", "60")  # the fork server is still importing when the stop comes
