@@ -134,8 +134,25 @@ print(f"result: {{len(changed)}} adapter tensors changed, base untouched, grad n
 
 def ddp_worker(model: Path, device: str) -> None:
     """Under torchrun: two steps of DDP on one rank (NCCL on a GPU, gloo on a CPU)."""
-    import torch
+    import gc
+
     import torch.distributed as dist
+
+    dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+    try:
+        norms = ddp_steps(model, device)
+        print(json.dumps({"backend": dist.get_backend(), "grad_norms": norms}))
+    finally:
+        # The DDP model is garbage once `ddp_steps` has returned: collected before the group is left,
+        # as the trainer does. Freed by the collector at exit, its reducer, the group's last holder,
+        # hung the rank now and then (see example_trainer.distributed.stop).
+        gc.collect()
+        dist.destroy_process_group()
+
+
+def ddp_steps(model: Path, device: str) -> list[float]:
+    """The gradient norms of two DDP steps; the model and optimizer go with the call's frame."""
+    import torch
     from torch.nn.parallel import DistributedDataParallel
 
     from example_trainer.config import TrainingConfig
@@ -144,20 +161,15 @@ def ddp_worker(model: Path, device: str) -> None:
     from example_trainer.optim import create_optimizer
     from example_trainer.training import run_training_step
 
-    on_gpu = device.startswith("cuda")
-    dist.init_process_group("nccl" if on_gpu else "gloo")
-    try:
-        config = TrainingConfig(model_name=str(model), device=device, dtype=dtype_of(device), optimizer="adamw",
-                                lr=1e-3, batch_size=2, seq_len=64)
-        loaded, _ = load_model_and_tokenizer(config)
-        wrapped = DistributedDataParallel(loaded, device_ids=[0] if on_gpu else None)
-        optimizer = create_optimizer(wrapped, config)
-        norms = [run_training_step(wrapped, optimizer, prepare_batch(batch_items(step), 2, pack=True), config,
-                                   step)["grad_norm"] for step in range(2)]
-        assert all(torch.isfinite(torch.tensor(norms))) and all(norm > 0 for norm in norms), norms
-        print(json.dumps({"backend": dist.get_backend(), "grad_norms": norms}))
-    finally:
-        dist.destroy_process_group()
+    config = TrainingConfig(model_name=str(model), device=device, dtype=dtype_of(device), optimizer="adamw",
+                            lr=1e-3, batch_size=2, seq_len=64)
+    loaded, _ = load_model_and_tokenizer(config)
+    wrapped = DistributedDataParallel(loaded, device_ids=[0] if device.startswith("cuda") else None)
+    optimizer = create_optimizer(wrapped, config)
+    norms = [run_training_step(wrapped, optimizer, prepare_batch(batch_items(step), 2, pack=True), config,
+                               step)["grad_norm"] for step in range(2)]
+    assert all(torch.isfinite(torch.tensor(norms))) and all(norm > 0 for norm in norms), norms
+    return norms
 
 
 def check_ddp(model: Path, work: Path, device: str) -> str:

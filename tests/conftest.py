@@ -85,9 +85,17 @@ LONGEST_FIRST = (
 def longest_first(items: list[pytest.Item]) -> list[pytest.Item]:
     """`items` with the tests of the `LONGEST_FIRST` files first, file by file in its order, then the
     rest in theirs. scripts/test.sh's workers take whole files (``--dist loadfile``) in this order,
-    so the long ones start early and the short ones even out the workers' ends."""
+    so the long ones start early and the short ones even out the workers' ends. `serial` tests keep
+    their places: their part runs first what uses the engines it launched early."""
     rank = {path: index for index, path in enumerate(LONGEST_FIRST)}
-    return sorted(items, key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(LONGEST_FIRST)))
+    last = len(LONGEST_FIRST)
+
+    def place(item: pytest.Item) -> int:
+        if item.get_closest_marker("serial") is not None:
+            return last
+        return rank.get(item.nodeid.split("::", 1)[0], last)
+
+    return sorted(items, key=place)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -49,15 +48,24 @@ def test_processes_started_by_a_suite_that_inherited_sigint_ignored_stop_on_sigi
         signal.signal(signal.SIGINT, before)
 
 
-def test_the_longest_files_come_first_and_the_rest_keep_their_order() -> None:
-    items = [SimpleNamespace(nodeid=name) for name in (
-        "tests/a/test_one.py::test_x", "tests/test_readme_commands.py::test_b[bench-api]",
-        "tests/example_trainer/test_trainers.py::test_y", "tests/b/test_two.py::test_z",
-        "tests/test_readme_commands.py::test_a", "tests/example_trainer/test_trainers.py_other::test_w")]
+class FakeItem:
+    def __init__(self, nodeid: str, serial: bool = False) -> None:
+        self.nodeid, self.serial = nodeid, serial
+
+    def get_closest_marker(self, name: str) -> object:
+        return pytest.mark.serial if name == "serial" and self.serial else None
+
+
+def test_the_longest_files_come_first_and_the_rest_and_serial_tests_keep_their_order() -> None:
+    items = [FakeItem("tests/a/test_one.py::test_x"), FakeItem("tests/test_readme_commands.py::test_b[bench-api]"),
+             FakeItem("tests/example_trainer/test_trainers.py::test_y"), FakeItem("tests/b/test_two.py::test_z"),
+             FakeItem("tests/test_readme_commands.py::test_quickstart", serial=True),
+             FakeItem("tests/test_readme_commands.py::test_a"),
+             FakeItem("tests/example_trainer/test_trainers.py_other::test_w")]
     assert [item.nodeid for item in longest_first(items)] == [  # type: ignore[arg-type]
         "tests/example_trainer/test_trainers.py::test_y",
         "tests/test_readme_commands.py::test_b[bench-api]", "tests/test_readme_commands.py::test_a",
-        "tests/a/test_one.py::test_x", "tests/b/test_two.py::test_z",
+        "tests/a/test_one.py::test_x", "tests/b/test_two.py::test_z", "tests/test_readme_commands.py::test_quickstart",
         "tests/example_trainer/test_trainers.py_other::test_w"]
 
 
