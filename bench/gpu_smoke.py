@@ -134,20 +134,16 @@ print(f"result: {{len(changed)}} adapter tensors changed, base untouched, grad n
 
 def ddp_worker(model: Path, device: str) -> None:
     """Under torchrun: two steps of DDP on one rank (NCCL on a GPU, gloo on a CPU)."""
-    import gc
-
     import torch.distributed as dist
+
+    from example_trainer.distributed import leave_process_group
 
     dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
     try:
         norms = ddp_steps(model, device)
         print(json.dumps({"backend": dist.get_backend(), "grad_norms": norms}))
     finally:
-        # The DDP model is garbage once `ddp_steps` has returned: collected before the group is left,
-        # as the trainer does. Freed by the collector at exit, its reducer, the group's last holder,
-        # hung the rank now and then (see example_trainer.distributed.stop).
-        gc.collect()
-        dist.destroy_process_group()
+        leave_process_group()  # the DDP model, garbage once `ddp_steps` returned, collected first
 
 
 def ddp_steps(model: Path, device: str) -> list[float]:

@@ -131,7 +131,13 @@ def peer_failure(exc: BaseException, ranks: Ranks) -> Optional[DistributedError]
 
 
 def stop(ranks: Ranks) -> None:
-    """Leave the process group, once the garbage that may still hold it is collected.
+    """Leave the process group of a run of several processes (`leave_process_group`)."""
+    if ranks.distributed:
+        leave_process_group()
+
+
+def leave_process_group() -> None:
+    """Leave the process group, if there is one, once the garbage that may still hold it is collected.
 
     DDP's reducer holds the group, and the model it belongs to sits in reference cycles that
     only the collector frees. Were the reducer the group's last holder when the collector ran at
@@ -140,7 +146,7 @@ def stop(ranks: Ranks) -> None:
     the process hangs after "Training finished". Collected here, while the group is still
     registered, the reducer lets go of a group that `destroy_process_group` then frees, with the
     GIL released."""
-    if ranks.distributed and dist.is_initialized():
+    if dist.is_initialized():
         gc.collect()
         dist.destroy_process_group()
 
