@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -36,6 +37,7 @@ from tests.example_trainer.distributed_steps import batch_items  # noqa: E402  (
 from tests.helpers import ApiProcess, free_port  # noqa: E402
 
 STEPS_GROUPS = 6  # groups posted: two steps, then two more after resuming, and spare ones
+STOP_GRACE = 20.0  # seconds a command stopped for overrunning has to end before it is killed
 
 
 def dtype_of(device: str) -> str:
@@ -43,14 +45,46 @@ def dtype_of(device: str) -> str:
 
 
 def run(command: list[str], log: Path, timeout: float = 240) -> str:
-    """`command`'s output (also in `log`); raises with its tail when it fails."""
-    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                            env={**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"})
-    output = result.stdout + result.stderr
+    """`command`'s output (also in `log`); raises with its tail when it fails or outlives `timeout`.
+
+    The command leads a process group of its own, which ends with it: on an overrun or a Ctrl-C
+    here it is stopped whole, since torchrun's ranks are its children and killing torchrun alone
+    would leave a hung rank behind."""
+    environment = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"}
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+                          env=environment, start_new_session=True) as process:
+        try:
+            output, _ = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            output = stop_group(process) + f"\n[gpu_smoke: stopped after its {timeout:.0f} s limit]"
+        except BaseException:
+            stop_group(process)
+            raise
+        finally:
+            signal_group(process, signal.SIGKILL)  # what outlived its leader
     log.write_text(output)
-    if result.returncode != 0:
-        raise AssertionError(f"{' '.join(command[:4])} ... exited {result.returncode}:\n{output[-2500:]}")
+    if process.returncode != 0:
+        raise AssertionError(f"{' '.join(command[:4])} ... exited {process.returncode}:\n{output[-2500:]}")
     return output
+
+
+def stop_group(process: subprocess.Popen[str]) -> str:
+    """SIGTERM `process`'s group (torchrun hands it on to its ranks), then SIGKILL it if its
+    output is still open after `STOP_GRACE` seconds; returns what the group printed."""
+    signal_group(process, signal.SIGTERM)
+    try:
+        output, _ = process.communicate(timeout=STOP_GRACE)
+    except subprocess.TimeoutExpired:
+        signal_group(process, signal.SIGKILL)
+        output, _ = process.communicate()
+    return output or ""
+
+
+def signal_group(process: subprocess.Popen[str], signum: int) -> None:
+    try:
+        os.killpg(process.pid, signum)
+    except ProcessLookupError:
+        pass
 
 
 def post_groups(api_url: str, count: int) -> None:
