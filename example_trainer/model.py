@@ -127,7 +127,8 @@ def _wrap_lora(model: PreTrainedModel, config: TrainingConfig) -> PreTrainedMode
     return get_peft_model(model, lora)
 
 
-def _enable_gradient_checkpointing(model: PreTrainedModel) -> None:
+def enable_gradient_checkpointing(model: PreTrainedModel) -> None:
+    """Recompute each layer's activations in the backward pass instead of keeping them."""
     model.config.use_cache = False  # the KV cache is useless in training and conflicts with checkpointing
     # With frozen embeddings no block input requires grad; this keeps the checkpointed graph connected.
     model.enable_input_require_grads()
@@ -184,7 +185,7 @@ def load_model_and_tokenizer(config: TrainingConfig) -> tuple[PreTrainedModel, P
         apply_train_layer_filter(model, config.train_layer_indices)
     trained_in_master_dtype(model)
     if config.uses_gradient_checkpointing:
-        _enable_gradient_checkpointing(model)
+        enable_gradient_checkpointing(model)
     disable_dropout(model)
     model.to(config.device)
     model.train()

@@ -13,6 +13,7 @@ import torch
 from example_trainer.config import TrainingConfig
 from example_trainer.data import LABEL_PAD, PreparedBatch, prepare_batch
 from example_trainer.logprobs import sampled_token_logprobs
+from example_trainer.model import enable_gradient_checkpointing
 from example_trainer.prefix_sharing import shared_prefix_length
 from example_trainer.training import loss_settings, micro_batch_loss, step_totals
 
@@ -97,7 +98,7 @@ def test_the_step_has_the_gradient_of_the_rows_run_whole(tiny_model: Path, varia
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model).float().train()
     if variant == "gradient checkpointing":  # no attention cache then: the rows run whole
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_gradient_checkpointing(model)
     if variant == "LoRA":
         model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
                                                  init_lora_weights=False))
