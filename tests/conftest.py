@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import gc
 import os
+import shutil
 import signal
+import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
@@ -14,6 +16,7 @@ from fastapi.testclient import TestClient
 from atroposlib.api import ApiSettings, create_app
 from atroposlib.local.paths import atropos_home
 from tests.browser import browser  # noqa: F401 (fixtures registered once, for every test directory)
+from tests.helpers import PORT_CLAIMS_VARIABLE
 from tests.real_engine import EarlyEngines, gsm8k_data, real_model_dir, real_vllm  # noqa: F401
 
 os.environ.setdefault("WANDB_MODE", "disabled")
@@ -29,6 +32,20 @@ def undo_ignored_sigint() -> None:
 
 
 undo_ignored_sigint()
+
+
+def share_port_claims() -> Optional[Path]:
+    """The folder in which the test run's processes claim the ports they hand out
+    (`tests.helpers.free_port`), made here unless the pytest that started this one made it
+    (pytest-xdist's workers inherit it); returned when made here."""
+    if os.environ.get(PORT_CLAIMS_VARIABLE):
+        return None
+    folder = Path(tempfile.mkdtemp(prefix="atropos-test-ports-"))
+    os.environ[PORT_CLAIMS_VARIABLE] = str(folder)
+    return folder
+
+
+PORT_CLAIMS = share_port_claims()
 # Set by scripts/test.sh in CI, where every component the tests need is installed: a test that
 # skips (a missing engine, browser, Slurm, reference install...) fails instead of hiding it.
 NO_SKIPS_VARIABLE = "ATROPOS_TESTS_NO_SKIP"
@@ -60,7 +77,10 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 def pytest_unconfigure(config: pytest.Config) -> None:
     """A pytest process that ran hundreds of tests holds about a million objects, which the
     interpreter's exit scans for cycles again and again: 10-30 s of 4 workers on 2 cores once the
-    last test has passed, with nothing left to report. Frozen, they are left to the OS instead."""
+    last test has passed, with nothing left to report. Frozen, they are left to the OS instead.
+    The port claims go with the process that made them."""
+    if PORT_CLAIMS is not None:
+        shutil.rmtree(PORT_CLAIMS, ignore_errors=True)
     gc.freeze()
 
 
@@ -169,7 +189,8 @@ def env_registration(name: str = "env", group_size: int = 8, **overrides: Any) -
     return body
 
 
-def group(size: int = 8, env_id: Optional[int] = None, length: int = 4, score: float = 1.0, **extra: Any) -> dict[str, Any]:
+def group(size: int = 8, env_id: Optional[int] = None, length: int = 4, score: float = 1.0,
+          **extra: Any) -> dict[str, Any]:
     """A consistent scored group of `size` sequences of `length` tokens."""
     body = {
         "tokens": [[i + 1] * length for i in range(size)],
@@ -219,7 +240,8 @@ def client(make_client: Callable[..., TestClient]) -> TestClient:
     return make_client()
 
 
-def start_run(client: TestClient, batch_size: int = 32, envs: tuple[tuple[str, int], ...] = (("env", 8),), **env_fields: Any) -> list[int]:
+def start_run(client: TestClient, batch_size: int = 32, envs: tuple[tuple[str, int], ...] = (("env", 8),),
+              **env_fields: Any) -> list[int]:
     """Register a trainer, open the gate with one /batch poll, register envs; return env ids."""
     assert client.post("/register", json=registration(batch_size)).status_code == 200
     client.get("/batch")

@@ -18,6 +18,9 @@ import httpx
 _CHOOSER = random.SystemRandom()  # not `random`, which a plugin may seed alike in every worker
 _HANDED_OUT: set[int] = set()
 _LOWEST = 20000
+# A folder shared by the processes of one test run (the pytest-xdist workers and what their tests
+# start), holding a file named after each port handed out: tests/conftest.py makes it.
+PORT_CLAIMS_VARIABLE = "ATROPOS_TEST_PORT_CLAIMS"
 
 
 def _ephemeral_start() -> int:
@@ -28,22 +31,40 @@ def _ephemeral_start() -> int:
         return 32768
 
 
+def _claim(port: int) -> bool:
+    """Whether `port` is this caller's to use: handed out neither before in this process nor by
+    another process of the test run (which left its claim in $ATROPOS_TEST_PORT_CLAIMS)."""
+    if port in _HANDED_OUT:
+        return False
+    _HANDED_OUT.add(port)
+    folder = os.environ.get(PORT_CLAIMS_VARIABLE)
+    if not folder:
+        return True
+    try:
+        os.close(os.open(os.path.join(folder, str(port)), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    except FileNotFoundError:  # a process that outlived its run: this process's own draws still hold
+        pass
+    return True
+
+
 def free_port() -> int:
     """A loopback port nothing listens on, for a server a test starts: drawn at random below the
-    kernel's ephemeral range, never twice in one process. A port from ``bind(0)`` can be handed
+    kernel's ephemeral range, never twice in one test run. A port from ``bind(0)`` can be handed
     out again (to another worker's ``bind(0)``, or to a connection) before the server meant to use
     it starts: a two-rank trainer in a Slurm job binds its rendezvous a minute later on a loaded
-    machine, and torch's TCPStore then shared the port with another test's rendezvous."""
+    machine, and torch's TCPStore then shared the port with another test's rendezvous. Nor may two
+    workers draw the same port: a two-rank trainer's rendezvous once found its port taken."""
     for _ in range(200):
         port = _CHOOSER.randrange(_LOWEST, _ephemeral_start())
-        if port in _HANDED_OUT:
+        if not _claim(port):
             continue
         with socket.socket() as sock:
             try:
                 sock.bind(("127.0.0.1", port))
             except OSError:
                 continue
-        _HANDED_OUT.add(port)
         return port
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
