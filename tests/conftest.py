@@ -46,6 +46,7 @@ def share_port_claims() -> Optional[Path]:
 
 
 PORT_CLAIMS = share_port_claims()
+
 # Set by scripts/test.sh in CI, where every component the tests need is installed: a test that
 # skips (a missing engine, browser, Slurm, reference install...) fails instead of hiding it.
 NO_SKIPS_VARIABLE = "ATROPOS_TESTS_NO_SKIP"
