@@ -33,7 +33,8 @@ from typing import Callable
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.example_trainer.distributed_steps import batch_items  # noqa: E402  (after the path)
+from atroposlib.local.signals import signal_group  # noqa: E402  (after the path)
+from tests.example_trainer.distributed_steps import batch_items  # noqa: E402
 from tests.helpers import ApiProcess, free_port  # noqa: E402
 
 STEPS_GROUPS = 6  # groups posted: two steps, then two more after resuming, and spare ones
@@ -61,7 +62,7 @@ def run(command: list[str], log: Path, timeout: float = 240) -> str:
             stop_group(process)
             raise
         finally:
-            signal_group(process, signal.SIGKILL)  # what outlived its leader
+            signal_group(process.pid, signal.SIGKILL)  # what outlived its leader
     log.write_text(output)
     if process.returncode != 0:
         raise AssertionError(f"{' '.join(command[:4])} ... exited {process.returncode}:\n{output[-2500:]}")
@@ -71,20 +72,13 @@ def run(command: list[str], log: Path, timeout: float = 240) -> str:
 def stop_group(process: subprocess.Popen[str]) -> str:
     """SIGTERM `process`'s group (torchrun hands it on to its ranks), then SIGKILL it if its
     output is still open after `STOP_GRACE` seconds; returns what the group printed."""
-    signal_group(process, signal.SIGTERM)
+    signal_group(process.pid, signal.SIGTERM)
     try:
         output, _ = process.communicate(timeout=STOP_GRACE)
     except subprocess.TimeoutExpired:
-        signal_group(process, signal.SIGKILL)
+        signal_group(process.pid, signal.SIGKILL)
         output, _ = process.communicate()
     return output or ""
-
-
-def signal_group(process: subprocess.Popen[str], signum: int) -> None:
-    try:
-        os.killpg(process.pid, signum)
-    except ProcessLookupError:
-        pass
 
 
 def post_groups(api_url: str, count: int) -> None:

@@ -24,7 +24,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
-from atroposlib.local.signals import die_with_parent
+from atroposlib.local.signals import die_with_parent, signal_group
 
 SCRIPT = Path(__file__).resolve().with_name("vllm_plugins") / "atropos_forkserver.py"
 # read by vLLM when the server starts, not when it is imported
@@ -101,10 +101,7 @@ class ForkedServer:
             if self.poll() is None:
                 self.owner.kill()
             return
-        try:
-            os.killpg(self.pid, signum)
-        except ProcessLookupError:
-            pass
+        signal_group(self.pid, signum)
 
 
 class ForkServer:
@@ -217,10 +214,7 @@ class ForkServer:
     def kill(self) -> None:
         """End the fork server at once; servers it forked get SIGTERM."""
         if self.process is not None and self.process.poll() is None:
-            try:
-                os.killpg(self.process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            signal_group(self.process.pid, signal.SIGKILL)
             self.process.wait()
 
     def close(self, grace: float = 10.0) -> None:

@@ -65,6 +65,15 @@ def in_finalizer(frame: Optional[FrameType]) -> bool:
     return False
 
 
+def signal_group(leader: int, signum: int) -> None:
+    """Send `signum` to the process group `leader` leads (its own, from ``start_new_session``);
+    a group with no process left is not an error."""
+    try:
+        os.killpg(leader, signum)
+    except ProcessLookupError:
+        pass
+
+
 def die_with_parent() -> None:
     """In a child before exec: get SIGTERM when the thread that started it ends, which for the
     main thread means when the process dies, even by SIGKILL (Linux only; elsewhere the

@@ -55,7 +55,7 @@ from atroposlib.local.help_format import DefaultsHelpFormatter
 from atroposlib.local.paths import atropos_home, vllm_cache_dir
 from atroposlib.local.prepare_model import ModelPreparationError, prepare_model
 from atroposlib.local.runtime import Runtime, has_nvidia_gpu
-from atroposlib.local.signals import die_with_parent, stop_signals_raise
+from atroposlib.local.signals import die_with_parent, signal_group, stop_signals_raise
 
 DEFAULT_SERVED_NAME = "smollm2"
 STOCK_ENTRYPOINT = ("-m", "vllm.entrypoints.openai.api_server")
@@ -281,10 +281,7 @@ class LocalVLLM:
         if isinstance(self.process, ForkedServer):
             self.process.signal_group(signum)
             return
-        try:
-            os.killpg(self.process.pid, signum)
-        except ProcessLookupError:
-            pass
+        signal_group(self.process.pid, signum)
 
     def _remove_ipc_folder(self) -> None:
         if self.ipc_folder is not None:
