@@ -13,25 +13,30 @@ variable is set. Transient failures (connection errors, time-outs, 429 and 5xx a
 are retried with exponential waits (`RETRY`); other errors raise `AtroposApiError` at once.
 A feed also rides out an API that stops answering for a while (``run-api`` restarted: its
 state, leases included, comes back from disk), waiting up to ``outage_seconds`` and saying so.
+Closing a feed ends the lease it is waiting on at once (`InterruptibleSession`) rather than
+when the API's long poll runs out.
 """
 
 from __future__ import annotations
 
 import collections
 import os
+import socket
 import threading
 import time
+import weakref
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, TypeVar
 
 import requests
 import tenacity
-
+import urllib3
 
 T = TypeVar("T")
 API_KEY_ENV = "ATROPOS_API_KEY"
 REQUEST_TIMEOUT_S = 10.0
-LONG_POLL_S = 5.0  # how long the API may hold an empty POST /batch; close() waits at most this long
+LONG_POLL_S = 5.0  # how long the API may hold an empty POST /batch
 PROGRESS_EVERY_S = 30.0
 API_OUTAGE_S = 600.0  # how long a feed waits for an API that stopped answering (a restart) before giving up
 
@@ -104,12 +109,59 @@ def _describe_http_error(err: requests.HTTPError) -> str:
     return f"{request.method} {request.url} answered {response.status_code} {response.text[:300]}{hint}"
 
 
-def request(method: str, url: str, *, json: Optional[dict[str, Any]] = None,
-             timeout: float = REQUEST_TIMEOUT_S) -> requests.Response:
-    """One HTTP request with the auth header; HTTP error statuses raise `requests.HTTPError`."""
-    response = requests.request(method, url, json=json, headers=auth_headers(), timeout=timeout)
+def request(method: str, url: str, *, json: Optional[dict[str, Any]] = None, timeout: float = REQUEST_TIMEOUT_S,
+            session: Optional[requests.Session] = None) -> requests.Response:
+    """One HTTP request with the auth header (on `session`'s connections, if given); HTTP error
+    statuses raise `requests.HTTPError`."""
+    send = requests.request if session is None else session.request
+    response = send(method, url, json=json, headers=auth_headers(), timeout=timeout)
     response.raise_for_status()
     return response
+
+
+class InterruptibleSession(requests.Session):
+    """A session whose requests `interrupt` ends, from any thread.
+
+    Each plain-HTTP connection it opens is remembered; `interrupt` half-closes them (no more
+    writes, and so for good every one opened after): a server waiting to answer sees its client
+    gone and stops, while an answer already on its way is still read. Connections over TLS or
+    through a proxy are not interrupted: their requests end when the server answers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._lock = threading.Lock()
+        self._sockets: weakref.WeakSet[socket.socket] = weakref.WeakSet()
+        self.interrupted = False
+        opened = self._opened
+
+        class Connection(urllib3.connection.HTTPConnection):
+            def connect(self) -> None:
+                super().connect()
+                opened(self.sock)
+
+        class Pool(urllib3.HTTPConnectionPool):
+            ConnectionCls = Connection
+
+        adapter = requests.adapters.HTTPAdapter()
+        adapter.poolmanager.pool_classes_by_scheme = {**adapter.poolmanager.pool_classes_by_scheme, "http": Pool}
+        self.mount("http://", adapter)
+
+    def _opened(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._sockets.add(sock)
+            if self.interrupted:
+                _stop_writing(sock)
+
+    def interrupt(self) -> None:
+        with self._lock:
+            self.interrupted = True
+            for sock in list(self._sockets):
+                _stop_writing(sock)
+
+
+def _stop_writing(sock: socket.socket) -> None:
+    with suppress(OSError):  # already closed
+        sock.shutdown(socket.SHUT_WR)
 
 
 def check_atropos_api(url: str = "http://localhost:8000", timeout: float = 30.0) -> bool:
@@ -160,6 +212,7 @@ class BatchFeed:
         self._cond = threading.Condition()
         self._error: Optional[BaseException] = None
         self._stop = threading.Event()
+        self._leasing = InterruptibleSession()  # the long polls of the background thread
         self._thread = threading.Thread(target=self._prefetch, name="atropos-batch-feed", daemon=True)
         self._thread.start()
 
@@ -216,11 +269,14 @@ class BatchFeed:
             self._release(batch)
 
     def close(self) -> None:
-        """Stop prefetching and give back every leased batch not yet acknowledged."""
+        """Stop prefetching (ending the lease request in flight) and give back every leased
+        batch not yet acknowledged."""
         self._stop.set()
         with self._cond:
             self._cond.notify_all()
+        self._leasing.interrupt()
         self._thread.join()
+        self._leasing.close()
         with self._cond:
             unsettled = [b for b in [*self._ready, *self._handed_out.values()] if b.batch_id is not None]
             dropped = sum(b.batch_id is None for b in self._ready)
@@ -307,10 +363,14 @@ class BatchFeed:
         def call() -> Optional[dict[str, Any]]:
             try:
                 timeout = REQUEST_TIMEOUT_S + self.wait_seconds
-                return request("POST", f"{self.url}/batch", json=body, timeout=timeout).json()
+                return request("POST", f"{self.url}/batch", json=body, timeout=timeout, session=self._leasing).json()
             except requests.HTTPError as err:
                 if err.response is not None and err.response.status_code in (404, 405):
                     return None
+                raise
+            except requests.ConnectionError:
+                if self._leasing.interrupted:  # close() ended the wait: no batch was leased
+                    return {"batch": None}
                 raise
 
         answer = self._through_outages(call, "lease a batch")

@@ -30,17 +30,20 @@ if _MISSING:  # the trainer extra is not installed: say how to install it rather
                      "pip install 'atroposlib[example-trainer]' (scripts/setup.sh installs torch's CPU build first)")
 
 from atroposlib.local.allocator import AllocatorNotFoundError, restart_with_fast_allocator
+from atroposlib.local.gc_freeze import freeze_imports
 from atroposlib.local.signals import StopSignal, stop_signals_raise
 from example_trainer.cli import parse_config
 from example_trainer.config import TrainingConfig
 
 
-def run_training(config: TrainingConfig) -> None:
+def run_training(config: TrainingConfig, as_command: bool = False) -> None:
     """Run the mode's entry point, turning the ways training can end into an exit status."""
     # torch and transformers load here, after a restart with a faster allocator (`main`)
     from example_trainer.entry_points import (ENTRY_POINTS, STOPPING_ERRORS, GpuRequiredError,
                                               RegistrationMismatchError, train_legacy)
 
+    if as_command:
+        freeze_imports()
     entry = ENTRY_POINTS.get(config.weight_bridge_mode, train_legacy)
     try:
         with stop_signals_raise():
@@ -66,7 +69,7 @@ def main(argv: Optional[list[str]] = None) -> None:
             restart_with_fast_allocator(config.cpu_allocator, config.device)
         except AllocatorNotFoundError as exc:
             sys.exit(f"error: {exc}")
-    run_training(config)
+    run_training(config, as_command=argv is None)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from example_trainer.grpo import run_training
 
 def main(argv: Optional[list[str]] = None) -> None:
     config = parse_config(argv, create_unified_parser()).model_copy(update={"weight_bridge_mode": "shared_vllm"})
-    run_training(config)
+    run_training(config, as_command=argv is None)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ NOT_REGISTERED_BATCH = {
     "batch": [],
 }
 LONG_POLL_INTERVAL_S = 0.05
+CLIENT_GONE = 499  # nginx's "client closed request": logged, never delivered
 
 
 @router.post(
@@ -74,6 +75,8 @@ async def lease_batch(request: Request) -> Response:
     rt.state.mark_started()
     deadline = time.monotonic() + lease_request.wait_seconds
     while True:
+        if await request.is_disconnected():  # a batch leased now would wait out its lease unseen
+            return Response(status_code=CLIENT_GONE)
         rt.housekeep()
         leased = rt.dispatch.lease_batch(lease_request.lease_seconds, lease_request.client_id, lease_request.trains)
         if leased is not None or time.monotonic() >= deadline:

@@ -22,6 +22,7 @@ from atroposlib.api.journal import StateDirLocked
 from atroposlib.api.logs import configure_logging
 from atroposlib.api.server import create_app
 from atroposlib.api.settings import ApiSettings
+from atroposlib.local.gc_freeze import freeze_imports
 
 log = logging.getLogger("atroposlib.api")
 
@@ -128,6 +129,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         uvicorn.run("atroposlib.api:app", reload=True, **common)
         return
     app = create_app(settings)
+    if argv is None:
+        freeze_imports()
     try:
         runtime = app.state.runtime()
     except StateDirLocked as exc:

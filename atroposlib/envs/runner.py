@@ -20,6 +20,7 @@ from atroposlib.envs.server_handling.api_server import ModelNotServed
 from atroposlib.envs.server_handling.server_manager import ManagedServerUnsupported
 from atroposlib.envs.server_handling.slurm import SlurmDiscoveryError
 from atroposlib.envs.tokenizer_loading import TokenizerUnavailable
+from atroposlib.local.gc_freeze import freeze_imports
 
 log = logging.getLogger("atroposlib.envs")
 
@@ -140,6 +141,8 @@ def main(env_cls: Any, argv: Optional[Sequence[str]] = None) -> None:
     """Parse argv, build the environment and run the chosen mode; exit 2 on bad flags or
     Slurm variables, 1 when the tokenizer or the inference server is missing, 130 when interrupted."""
     configure_logging()
+    if argv is None:
+        freeze_imports()
     try:
         asyncio.get_running_loop()
     except RuntimeError:

@@ -9,5 +9,6 @@ environment, a bundled model prepared for it, and a service wrapper.
 * `cpu` - the CPU's name and flags, and the dtype vLLM is fast in on it;
 * `token_progress` - a bar of generated tokens read from vLLM's ``/metrics``;
 * `signals` - SIGINT, SIGTERM and SIGHUP as exceptions, so every tool cleans up;
-* `help_format` - ``--help`` with every flag's default.
+* `help_format` - ``--help`` with every flag's default;
+* `gc_freeze` - what a command's imports made, out of the garbage collector's scans.
 """

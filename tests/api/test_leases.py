@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import socket
+import time
+from pathlib import Path
+
+import httpx
 from fastapi.testclient import TestClient
 
-from tests.conftest import group, start_run
+from tests.conftest import env_registration, group, registration, start_run
+from tests.helpers import ApiProcess
 
 
 def _fill(client: TestClient, n: int, size: int = 8) -> None:
@@ -121,3 +128,22 @@ def test_long_poll_waits_for_data(client: TestClient) -> None:
     start_run(client, 8)
     response = client.post("/batch", json={"wait_seconds": 0.2}).json()
     assert response == {"batch_id": None, "batch": None}
+
+
+def test_a_long_poll_whose_client_hangs_up_ends_and_leases_nothing(tmp_path: Path) -> None:
+    with ApiProcess(tmp_path / "state") as api:
+        httpx.post(f"{api.url}/register", json=registration(8)).raise_for_status()
+        httpx.get(f"{api.url}/batch").raise_for_status()
+        httpx.post(f"{api.url}/register-env", json=env_registration("env", 8)).raise_for_status()
+        body = json.dumps({"wait_seconds": 30}).encode()
+        with socket.create_connection(("127.0.0.1", api.port), timeout=20) as waiting:
+            waiting.sendall(b"POST /batch HTTP/1.1\r\nHost: api\r\nContent-Type: application/json\r\n"
+                            b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            time.sleep(0.5)  # the API holds the request: no batch yet
+            waiting.shutdown(socket.SHUT_WR)  # its client is gone, as a trainer stopped mid-wait
+            assert waiting.recv(1024) == b""  # the wait ends at once, with nothing to read
+        httpx.post(f"{api.url}/scored_data", json=group(8, env_id=0, score=3)).raise_for_status()
+        time.sleep(0.3)
+        assert httpx.get(f"{api.url}/status").json()["leased_batches"] == 0
+        lease = httpx.post(f"{api.url}/batch").json()
+        assert lease["batch"][0]["scores"][0] == 3

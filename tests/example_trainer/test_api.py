@@ -10,6 +10,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import httpx
 import pytest
+import requests
 import uvicorn
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -175,6 +176,32 @@ def test_close_gives_back_unacknowledged_batches(server: ThreadedServer) -> None
         again.ack(batch)
         assert score_of(again.next(timeout=10)) == 1
     assert httpx.get(f"{server.url}/status").json()["current_step"] == 1
+
+
+def test_close_ends_the_lease_it_waits_on_at_once_and_the_api_leases_nothing_to_it(server: ThreadedServer) -> None:
+    start_run(server.url, 0)
+    feed = BatchFeed(server.url, max_prefetch_batches=1, wait_seconds=30)
+    time.sleep(0.5)
+    with pytest.raises(TimeoutError):  # its lease request waits in the API's long poll
+        feed.next(timeout=0.1)
+    started = time.monotonic()
+    feed.close()
+    assert time.monotonic() - started < 10, "close() waited for the long poll to run out"
+    httpx.post(f"{server.url}/scored_data", json=group(GROUP_SIZE, env_id=0, score=7)).raise_for_status()
+    time.sleep(0.3)
+    assert leased_count(server.url) == 0
+    with BatchFeed(server.url, max_prefetch_batches=1, wait_seconds=0.2) as again:
+        assert score_of(again.next(timeout=10)) == 7
+
+
+def test_an_interrupted_session_interrupts_the_connections_it_opens_later_too(server: ThreadedServer) -> None:
+    session = trainer_api.InterruptibleSession()
+    session.interrupt()
+    started = time.monotonic()
+    with pytest.raises(requests.ConnectionError):
+        session.post(f"{server.url}/batch", json={"wait_seconds": 30}, timeout=30)
+    assert time.monotonic() - started < 10
+    session.close()
 
 
 def test_nack_serves_the_batch_again(server: ThreadedServer) -> None:
