@@ -13,10 +13,8 @@ import pytest
 from atroposlib.cli import run_api
 from atroposlib.envs import runner
 from atroposlib.local.gc_freeze import freeze_imports
+from environments.arithmetic_env import ArithmeticEnv
 from tests.helpers import free_port
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "environments"))
-from arithmetic_env import ArithmeticEnv  # noqa: E402  (environments/ is not a package)
 
 
 @pytest.fixture(autouse=True)
